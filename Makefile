@@ -1,0 +1,35 @@
+# Everything a fresh machine needs: `make quickstart` and `make test` create/refresh the venv themselves.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch first, pinned to the CPU wheel, so nothing that depends on it can pull a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+export PATH := $(abspath $(BIN)):$(PATH)
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+
+.PHONY: venv test test-fast quickstart bench clean
+
+venv: $(VENV)/.stamp
+
+$(VENV)/.stamp: setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip wheel setuptools
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev,hf,mpi,plot]"
+	touch $@
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not slow and not slurm"
+
+quickstart: venv
+	bash scripts/quickstart.sh
+
+bench: venv
+	$(BIN)/python bench/prep.py
+
+clean:
+	rm -rf $(VENV) quickstart_out .pytest_cache

@@ -1,0 +1,41 @@
+"""Packaging for bertfamily: data prep and a DeepSpeed trainer for BERT, RoBERTa, ALBERT, ERNIE and ELECTRA.
+
+torch is declared but must be installed first (``pip install torch==2.13.0`` on CPU machines, or your cluster's CUDA
+build) so that the resolver does not pull a multi-GB CUDA wheel; ``make venv`` does this in the right order.
+"""
+from setuptools import find_packages, setup
+
+VERSION = "0.1.0"
+
+setup(
+    name="bertfamily",
+    version=VERSION,
+    description="Pretrain BERT, RoBERTa, ALBERT, ERNIE 1.0/2.0 and ELECTRA at cluster scale with one DeepSpeed trainer",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["data_prep", "data_prep.*", "trainer", "trainer.*"]),
+    package_data={"trainer": ["recipes/*.yaml"]},
+    install_requires=[
+        "torch>=2.3",
+        "deepspeed>=0.16",
+        "megatron-core>=0.12",
+        "numpy",
+        "tokenizers>=0.19",
+        "sentencepiece>=0.2",
+        "pydantic>=2.5",
+        "pyyaml",
+        "tqdm",
+        "tensorboard",
+        "safetensors",
+        "zstandard",
+        "jieba",
+        "psutil",
+    ],
+    extras_require={
+        "hf": ["transformers>=4.40", "protobuf"],
+        "mpi": ["mpi4py>=3.1"],
+        "plot": ["matplotlib"],
+        "dev": ["pytest>=7", "pytest-timeout", "matplotlib", "transformers>=4.40", "protobuf"],
+    },
+)
