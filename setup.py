@@ -30,6 +30,7 @@ setup(
         "safetensors",
         "zstandard",
         "jieba",
+        "pyahocorasick",
         "psutil",
     ],
     extras_require={

@@ -1,0 +1,156 @@
+"""ERNIE side-car spans: annotators on hand-checked text, alignment to tokens, the side-car's round trip on the shared
+Chinese corpus."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_prep import annotate
+from data_prep.annotate import ENTITY, PHRASE
+
+
+def _zh_tokenizer_dir(tmp: Path, corpus: Path) -> Path:
+    """A Chinese tokenizer folder: the `zh` kind's shape (one token per Han character, WordPiece for the rest).
+
+    Stand-in until data_prep/train_tokenizer.py --kind zh lands: the same Hugging Face pipeline it is specified to
+    use (BertNormalizer isolates CJK characters, BertPreTokenizer, WordPiece), trained on a slice of the corpus."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(handle_chinese_chars=True, lowercase=False, strip_accents=False)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    lines = corpus.read_text(encoding="utf-8").splitlines()[:4000]
+    tok.train_from_iterator(lines, trainers.WordPieceTrainer(
+        vocab_size=6000, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    out = tmp / "zh_tok"
+    out.mkdir()
+    tok.save(str(out / "tokenizer.json"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def zh_tok(tmp_path_factory, zh_corpus):
+    return _zh_tokenizer_dir(tmp_path_factory.mktemp("tok"), zh_corpus)
+
+
+def _texts(text, spans, kind):
+    return [text[s:e] for s, e, k in spans if k == kind]
+
+
+def test_jieba_entities_from_pos_tags_and_phrases_from_word_groups():
+    text = "李小龙在北京大学学习，后来去了美国的谷歌公司工作。"
+    spans = annotate.make_annotator("jieba")(text)
+    assert {"李小龙", "北京大学", "美国"} <= set(_texts(text, spans, ENTITY))
+    phrases = _texts(text, spans, PHRASE)
+    assert "谷歌公司" in phrases          # two adjacent nouns chained into one phrase
+    assert "学习" in phrases               # a multi-character word on its own
+    assert not any(p in ("在", "，", "的", "。") for p in phrases)
+    assert spans == sorted(spans)
+
+
+def test_gazetteer_leftmost_longest_with_kinds(tmp_path):
+    gaz = tmp_path / "gaz.txt"
+    gaz.write_text("# titles\n北京\n北京大学\nNew York\tentity\nmachine learning\tphrase\n\n", encoding="utf-8")
+    ann = annotate.make_annotator(f"gazetteer:{gaz}")
+    text = "我在北京大学学 machine learning, then New York."
+    spans = ann(text)
+    assert [(text[s:e], k) for s, e, k in spans] == [("北京大学", ENTITY), ("machine learning", PHRASE),
+                                                      ("New York", ENTITY)]
+
+
+def test_gazetteer_bad_kind_names_file_and_line(tmp_path):
+    gaz = tmp_path / "gaz.txt"
+    gaz.write_text("北京\nfoo\tperson\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"gaz.txt:2: kind 'person'"):
+        annotate.make_annotator(f"gazetteer:{gaz}")
+
+
+def test_jsonl_spans_matched_by_text_and_bad_record_reported(tmp_path):
+    good = tmp_path / "ner.jsonl"
+    good.write_text(json.dumps({"text": "李小龙在北京", "spans": [[0, 3, "entity"], [4, 6, "entity"]]},
+                               ensure_ascii=False) + "\n", encoding="utf-8")
+    ann = annotate.make_annotator(f"jsonl:{good}")
+    assert ann("李小龙在北京") == [(0, 3, ENTITY), (4, 6, ENTITY)]
+    assert ann("别的句子") == [] and ann.misses == 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "abc", "spans": [[0, 9, "entity"]]}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: span"):
+        annotate.make_annotator(f"jsonl:{bad}")
+    with pytest.raises(ValueError, match="expected jieba, gazetteer:FILE or jsonl:FILE"):
+        annotate.make_annotator("spacy")
+
+
+def test_align_spans_keeps_only_token_boundaries():
+    # "北京 York": tokens 北 | 京 | York ; "Yo" (3, 5) does not end on a token boundary.
+    offsets = np.array([[0, 1], [1, 2], [3, 7]])
+    spans, dropped = annotate.align_spans([(0, 2, ENTITY), (3, 5, ENTITY), (3, 7, PHRASE), (1, 7, PHRASE)], offsets)
+    assert spans.tolist() == [[0, 2, ENTITY], [2, 3, PHRASE], [1, 3, PHRASE]]
+    assert dropped == 1
+
+
+def test_sidecar_round_trip_on_chinese_corpus(tmp_path, zh_tok, zh_corpus):
+    from tokenizers import Tokenizer
+
+    hf = Tokenizer.from_file(str(zh_tok / "tokenizer.json"))
+    lines = [l for l in zh_corpus.read_text(encoding="utf-8").splitlines()[:600]]
+    docs, doc = [], []
+    for line in lines:  # the corpus's layout: a blank line between documents
+        if line.strip():
+            doc.append(line)
+        elif doc:
+            docs.append(doc)
+            doc = []
+    ids = [[hf.encode(s, add_special_tokens=False).ids for s in d] for d in docs]
+    writer = annotate.SidecarWriter(tmp_path / "zh_00000", annotate.make_annotator("jieba"), zh_tok)
+    expected = []
+    for d, d_ids in zip(docs, ids):
+        writer.add_document(d, d_ids)
+    header = writer.finalize()
+    n_seq = sum(len(d) for d in docs)
+    assert header["sequences"] == n_seq and header["spans"] > n_seq  # several spans per sentence on average
+    assert header["stats"]["entity"] > 0 and header["stats"]["phrase"] > 0
+
+    reader = annotate.SidecarReader(tmp_path / "zh_00000", expect_sequences=n_seq)
+    flat_text = [s for d in docs for s in d]
+    flat_ids = [x for d in ids for x in d]
+    annot = annotate.make_annotator("jieba")
+    checked = 0
+    for seq in range(n_seq):
+        spans = reader[seq]
+        # every stored span covers exactly the characters jieba marked: decode its tokens and compare
+        chars = {(flat_text[seq][s:e], k) for s, e, k in annot(flat_text[seq])}
+        enc = hf.encode(flat_text[seq], add_special_tokens=False)
+        for s, e, k in spans.tolist():
+            assert 0 <= s < e <= len(flat_ids[seq])
+            text = flat_text[seq][enc.offsets[s][0]:enc.offsets[e - 1][1]]
+            assert (text, k) in chars
+            checked += 1
+    assert checked == header["spans"]
+    rng = reader.range(3, 9)
+    assert np.all((rng[:, 0] >= 3) & (rng[:, 0] < 9))
+    assert np.array_equal(rng[rng[:, 0] == 5, 1:], reader[5])
+    for seq in range(n_seq):  # one kind never overlaps itself
+        for kind in (ENTITY, PHRASE):
+            s = reader[seq][reader[seq][:, 2] == kind]
+            assert np.all(s[1:, 0] >= s[:-1, 1])
+
+
+def test_sidecar_refuses_wrong_build(tmp_path, zh_tok):
+    writer = annotate.SidecarWriter(tmp_path / "s", annotate.make_annotator("jieba"), zh_tok)
+    with pytest.raises(ValueError, match="differs from the ids written"):
+        writer.add_document(["北京大学"], [[1, 2, 3, 4, 5]])
+    writer.add_document(["北京大学很大。"])
+    writer.finalize()
+    with pytest.raises(ValueError, match="covers 1 sequences but the shard has 2"):
+        annotate.SidecarReader(tmp_path / "s", expect_sequences=2)
+    with pytest.raises(FileNotFoundError, match="--annotate"):
+        annotate.SidecarReader(tmp_path / "missing")
+
+
+def test_place_spans_into_sample_and_drop_truncated():
+    a = np.array([[0, 2, ENTITY], [3, 5, PHRASE]])
+    b = np.array([[1, 4, ENTITY]])
+    # [CLS] a(5 tokens) [SEP] b(truncated to 3 tokens) [SEP]
+    placed = annotate.place_spans([a, b], starts=[1, 7], lengths=[5, 3])
+    assert placed.tolist() == [[1, 3, ENTITY], [4, 6, PHRASE]]
