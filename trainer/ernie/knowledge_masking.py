@@ -1,0 +1,147 @@
+"""ERNIE 1.0 knowledge masking: basic-level -> phrase-level -> entity-level, every unit of a chosen span together.
+
+A *unit* is what gets masked as one: at the basic level a word (a Han character for the `zh` tokenizer, a whole word
+of WordPiece/BPE pieces elsewhere, from the tokenizer's ``word_start`` table), at the phrase level additionally every
+phrase span of the side-car (``data_prep/annotate.py``) is one unit, at the entity level phrase and entity spans both
+are (the stages are cumulative: a model that has learned phrases keeps seeing them while entities are added). The
+stage is a function of the optimizer step, set in the recipe (``stages: [{level: basic, start_step: 0}, ...]``), and
+a sample knows its step from its global position (``step = position // global_batch``), so a sample stays a pure
+function of (seed, epoch, index).
+
+Selection is vectorised over the whole ``[B, T]`` batch with no per-token Python loop: every unit draws a random key,
+tokens are sorted by their unit's key (a unit's tokens end up adjacent), a running count in that order gives each
+unit the number of tokens selected up to and including it, and a unit is taken when that count is within the row's
+budget ``min(max_predictions, round(rate * candidates))``. This is "shuffle the units, take them while they fit",
+the rule of BERT's whole-word masking and ERNIE's reference data reader; it undershoots the budget by less than one
+unit's length. Selected tokens are replaced 80/10/10 ([MASK] / random non-special token / kept) per token.
+
+Written here rather than taken from ``trainer/data``'s strategies because those build units from the token ids
+alone; knowledge units come from side-car spans, which need their own merge step (``unit_ids``).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+LEVELS = ("basic", "phrase", "entity")
+# Side-car kinds merged into units at each level (data_prep.annotate: 0 = entity, 1 = phrase).
+LEVEL_KINDS = {"basic": (), "phrase": (1,), "entity": (0, 1)}
+
+
+class KnowledgeStage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    level: Literal["basic", "phrase", "entity"]
+    start_step: int = Field(ge=0)
+    """First optimizer step at which this level is used (the first stage must start at 0)."""
+
+
+class KnowledgeMaskingConfig(BaseModel):
+    """ERNIE 1.0 masking; rates as BERT's. ``stages`` are in step order and the first starts at step 0."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stages: list[KnowledgeStage] = Field(default_factory=lambda: [KnowledgeStage(level="basic", start_step=0)])
+    rate: float = Field(0.15, gt=0.0, lt=1.0)
+    """Fraction of candidate (non-special, non-pad) tokens selected for prediction."""
+    mask_prob: float = Field(0.8, ge=0.0, le=1.0)
+    random_prob: float = Field(0.1, ge=0.0, le=1.0)
+    max_predictions_per_seq: int = Field(20, ge=1)
+    """Cap per row, and the width P of ``mlm_positions``."""
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if not self.stages or self.stages[0].start_step != 0:
+            raise ValueError("knowledge masking: stages[0].start_step must be 0 (every step needs a level)")
+        starts = [s.start_step for s in self.stages]
+        if starts != sorted(starts) or len(set(starts)) != len(starts):
+            raise ValueError(f"knowledge masking: stages' start_step must increase strictly, got {starts}")
+        if self.mask_prob + self.random_prob > 1 + 1e-9:
+            raise ValueError(f"knowledge masking: mask_prob + random_prob = {self.mask_prob + self.random_prob} > 1")
+        return self
+
+    def level_at(self, step: int) -> str:
+        """The masking level in force at optimizer step ``step``."""
+        starts = np.array([s.start_step for s in self.stages])
+        return self.stages[int(np.searchsorted(starts, step, side="right")) - 1].level
+
+
+def unit_ids(word_start: np.ndarray, candidate: np.ndarray, spans: np.ndarray, level: str) -> np.ndarray:
+    """Masking units of a batch: ``int64 [B, T]``, -1 where not a candidate, else an id unique within the row.
+
+    ``word_start`` [B, T] bool (the tokenizer's table looked up at the ids), ``candidate`` [B, T] bool (real,
+    non-special tokens), ``spans`` ``[k, 4]`` rows (row, start, end exclusive, kind) in batch coordinates. Example,
+    one row ``[CLS] 李 小 龙 在 北 京 [SEP]`` with an entity span (1, 4): basic units 0 1 2 3 4 5 -> entity level
+    ``-1 0 0 0 1 2 3 -1``.
+    """
+    B, T = word_start.shape
+    is_start = word_start.astype(bool).copy()
+    kinds = LEVEL_KINDS[level]
+    if kinds and len(spans):
+        spans = np.asarray(spans, dtype=np.int64).reshape(-1, 4)
+        spans = spans[np.isin(spans[:, 3], kinds) & (spans[:, 2] - spans[:, 1] > 1)]
+        # Difference array: +1 after each span's first token, -1 at its end; a positive running sum marks tokens
+        # inside a span (not its first), which therefore continue the unit. Overlapping spans merge into one unit.
+        diff = np.zeros((B, T + 1), np.int32)
+        np.add.at(diff, (spans[:, 0], spans[:, 1] + 1), 1)
+        np.add.at(diff, (spans[:, 0], spans[:, 2]), -1)
+        inside = np.cumsum(diff[:, :T], axis=1) > 0
+        is_start[spans[:, 0], spans[:, 1]] = True
+        is_start &= ~inside
+    # A candidate right after a non-candidate always opens a unit (a stray continuation piece after [SEP]).
+    prev_cand = np.zeros_like(candidate)
+    prev_cand[:, 1:] = candidate[:, :-1]
+    is_start |= candidate & ~prev_cand
+    is_start &= candidate
+    ids = np.cumsum(is_start, axis=1) - 1
+    return np.where(candidate, ids, -1)
+
+
+def select_units(units: np.ndarray, budget: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Shuffle each row's units and take them while the running token count fits ``budget`` [B]. -> bool [B, T]."""
+    B, T = units.shape
+    n_units = T + 1  # ids are < T, so T is a safe per-row table width
+    keys = rng.random((B, n_units))
+    tok_key = np.where(units >= 0, np.take_along_axis(keys, np.maximum(units, 0), axis=1), np.inf)
+    order = np.argsort(tok_key, axis=1, kind="stable")  # a unit's tokens are adjacent, in position order
+    running = np.empty((B, T), np.int64)
+    np.put_along_axis(running, order, np.arange(1, T + 1)[None, :].repeat(B, 0), axis=1)
+    # The count at a unit's last token is the unit's cumulative size: take the max over its tokens.
+    cand = units >= 0
+    flat = (np.arange(B)[:, None] * n_units + units)[cand]
+    unit_end = np.zeros(B * n_units, np.int64)
+    np.maximum.at(unit_end, flat, running[cand])
+    unit_end = unit_end.reshape(B, n_units)
+    fits = np.take_along_axis(unit_end, np.maximum(units, 0), axis=1) <= budget[:, None]
+    return fits & (units >= 0)
+
+
+def knowledge_mask(input_ids: np.ndarray, candidate: np.ndarray, word_start: np.ndarray, spans: np.ndarray,
+                   level: str, cfg: KnowledgeMaskingConfig, mask_id: int, random_ids: np.ndarray,
+                   rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Mask a batch ``[B, T]`` at ``level``; returns ``input_ids`` (corrupted copy), ``mlm_positions`` and
+    ``mlm_labels`` ``[B, P]`` (P = max_predictions_per_seq, padded with 0 / -100) as DESIGN.md's batch contract,
+    and ``selected`` [B, T] bool. ``random_ids``: the ids a random replacement draws from (non-special tokens)."""
+    units = unit_ids(word_start, candidate, spans, level)
+    n_cand = candidate.sum(axis=1)
+    budget = np.minimum(cfg.max_predictions_per_seq, np.maximum(1, np.rint(cfg.rate * n_cand))).astype(np.int64)
+    budget = np.where(n_cand > 0, budget, 0)
+    selected = select_units(units, budget, rng)
+    out = input_ids.copy()
+    u = rng.random(input_ids.shape)
+    to_mask = selected & (u < cfg.mask_prob)
+    to_rand = selected & (u >= cfg.mask_prob) & (u < cfg.mask_prob + cfg.random_prob)
+    out[to_mask] = mask_id
+    out[to_rand] = random_ids[rng.integers(0, len(random_ids), size=int(to_rand.sum()))]
+    P = cfg.max_predictions_per_seq
+    B, T = input_ids.shape
+    order = np.argsort(~selected, axis=1, kind="stable")[:, :P]  # selected positions first, in position order
+    if order.shape[1] < P:
+        order = np.pad(order, ((0, 0), (0, P - order.shape[1])))
+    valid = np.take_along_axis(selected, order, axis=1) if T else np.zeros((B, P), bool)
+    positions = np.where(valid, order, 0)
+    labels = np.where(valid, np.take_along_axis(input_ids, positions, axis=1), -100)
+    return {"input_ids": out, "mlm_positions": positions.astype(np.int64), "mlm_labels": labels.astype(np.int64),
+            "selected": selected}
