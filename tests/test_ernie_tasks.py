@@ -1,0 +1,115 @@
+"""ERNIE 2.0 task labelers on hand-checked examples."""
+import json
+import math
+from collections import Counter
+from itertools import permutations
+
+import numpy as np
+import pytest
+
+from trainer.ernie import tasks
+
+
+def test_capitalization_tables_and_labels_hand_checked():
+    vocab = ["[PAD]", "[CLS]", "[SEP]", "Paris", "paris", "is", "Big", "##Ab", "##cd", "ĠLondon", "Ġlondon", "NASA"]
+    lower_id, capital = tasks.capitalization_tables(vocab)
+    assert lower_id.tolist() == [0, 1, 2, 4, 4, 5, 6, 7, 8, 10, 10, 11]
+    assert capital.tolist() == [False, False, False, True, False, False, True, True, False, True, False, True]
+    # [CLS] Paris is Big ##cd [SEP] [PAD]: "Big##cd" is one capitalized word -> both pieces 1
+    ids = np.array([[1, 3, 5, 6, 8, 2, 0]])
+    cand = np.array([[0, 1, 1, 1, 1, 0, 0]], bool)
+    word_start = np.array([[1, 1, 1, 1, 0, 1, 1]], bool)
+    lowered, labels = tasks.capitalization_labels(ids, cand, word_start, lower_id, capital)
+    assert lowered.tolist() == [[1, 4, 5, 6, 8, 2, 0]]   # "Big" has no lower-case entry: kept
+    assert labels.tolist() == [[-100, 1, 0, 1, 1, -100, -100]]
+
+
+def test_token_document_relation_hand_checked():
+    seg = np.array([1, 7, 8, 9, 2])
+    rest = np.array([9, 3, 7, 2])
+    cand = np.array([0, 1, 1, 1, 0], bool)
+    assert tasks.token_document_labels(seg, rest, cand).tolist() == [-100, 1, 0, 1, -100]
+
+
+def test_permutation_classes_hand_checked_and_bijective():
+    assert [tasks.permutation_class(p) for p in [(0,), (0, 1), (1, 0), (0, 1, 2), (0, 2, 1), (2, 1, 0)]] == \
+        [0, 1, 2, 3, 4, 8]
+    m = 4
+    k = tasks.num_reorder_classes(m)
+    assert k == 1 + 2 + 6 + 24
+    seen = set()
+    for n in range(1, m + 1):
+        for p in permutations(range(n)):
+            c = tasks.permutation_class(p)
+            assert tasks.class_permutation(c, m) == p
+            seen.add(c)
+    assert seen == set(range(k))
+    with pytest.raises(ValueError, match="not a permutation"):
+        tasks.permutation_class((0, 2))
+
+
+def test_reorder_samples_reach_every_class_and_decode_back():
+    rng = np.random.default_rng(0)
+    paragraph = [np.arange(10 * s, 10 * s + 4) for s in range(5)]  # 5 sentences of 4 tokens
+    original = np.concatenate(paragraph)
+    m = 3
+    counts = Counter()
+    for _ in range(3000):
+        pieces, label = tasks.reorder_sample(paragraph, m, rng)
+        perm = tasks.class_permutation(label, m)
+        restored = [None] * len(perm)
+        for shown, orig in enumerate(perm):
+            restored[orig] = pieces[shown]
+        assert np.array_equal(np.concatenate(restored), original)
+        # with enough sentences, cuts fall on sentence boundaries
+        assert all(len(p) % 4 == 0 for p in pieces)
+        counts[label] += 1
+    assert set(counts) == set(range(tasks.num_reorder_classes(m)))
+    # one-sentence paragraph: cuts between tokens still allow every class
+    labels = {tasks.reorder_sample([np.arange(6)], m, rng)[1] for _ in range(500)}
+    assert labels == set(range(9))
+
+
+def test_sentence_distance_hand_checked_and_sampled_labels_true():
+    doc_bounds = np.array([0, 3, 5, 9])  # docs: [0,1,2] [3,4] [5,6,7,8]
+    doc_of = np.repeat(np.arange(3), np.diff(doc_bounds))
+    assert tasks.sentence_distance_label(0, 1, doc_of) == tasks.ADJACENT
+    assert tasks.sentence_distance_label(0, 2, doc_of) == tasks.SAME_DOCUMENT
+    assert tasks.sentence_distance_label(1, 0, doc_of) == tasks.SAME_DOCUMENT
+    assert tasks.sentence_distance_label(2, 3, doc_of) == tasks.OTHER_DOCUMENT
+    rng = np.random.default_rng(1)
+    by_label = Counter()
+    for _ in range(3000):
+        i = int(rng.integers(0, 9))
+        a, b, label = tasks.sentence_distance_pair(i, doc_bounds, rng)
+        assert a == i and b != i and label == tasks.sentence_distance_label(a, b, doc_of)
+        by_label[label] += 1
+    # each class drawn with p = 1/3 except where impossible (no next sentence for 2, 4, 8: 6/9 x 1/3 x 3000 = 667
+    # adjacent pairs expected, sd ~ 22); every class stays well represented
+    for label in range(3):
+        assert by_label[label] > 550
+    with pytest.raises(ValueError, match="single one-sentence document"):
+        tasks.sentence_distance_pair(0, np.array([0, 1]), rng)
+
+
+def test_pair_task_file_and_pair_row(tmp_path):
+    path = tmp_path / "ir.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"text_a": "ab", "text_b": "abc", "label": 0}, {"text_a": "c", "text_b": "a", "label": 2}]) + "\n")
+    encode = lambda t: [ord(c) for c in t]  # noqa: E731 - a stand-in tokenizer: one id per character
+    f = tasks.PairTaskFile(path, labels=[0, 1, 2], encode=encode)
+    assert len(f) == 2 and f[1][2] == 2 and f[0][1].tolist() == [97, 98, 99]
+    ids, types = tasks.pair_row(f[0][0], f[0][1], max_len=6, cls_id=1, sep_id=2)
+    assert ids.tolist() == [1, 97, 2, 97, 98, 2] and types.tolist() == [0, 0, 0, 1, 1, 1]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text_a": "x", "text_b": "y", "label": "causal"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: label 'causal'"):
+        tasks.PairTaskFile(bad, labels=["contrast"], encode=encode)
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: expected"):
+        tasks.PairTaskFile(bad, labels=["contrast"], encode=encode, keys=("query", "title"))
+
+
+def test_task_ids_are_stable():
+    # checkpoints store task embeddings by these ids: the first entries must never move
+    assert tasks.TASKS[:5] == ("mlm", "capitalization", "token_document", "sentence_reorder", "sentence_distance")
+    assert math.factorial(3) == 6
