@@ -23,6 +23,7 @@ setup(
         "numpy",
         "tokenizers>=0.19",
         "sentencepiece>=0.2",
+        "protobuf",  # train_tokenizer --kind unigram reads the SentencePiece model proto
         "pydantic>=2.5",
         "pyyaml",
         "tqdm",

@@ -1,0 +1,376 @@
+"""Train the tokenizers of the BERT family from the inputs build_indexed.py reads, into a folder that the trainer
+(``data_prep.tokenizer.load_tokenizer``) and ``transformers.AutoTokenizer.from_pretrained`` both load offline.
+
+    python data_prep/train_tokenizer.py --kind wordpiece|bbpe|unigram|zh --input SPEC [SPEC ...] --output DIR
+        [--vocab-size N] [--lowercase | --cased] [--json-key text] [--limit-bytes 500M]
+
+Kinds (a row of ``KINDS`` each):
+
+- ``wordpiece``: BERT. Hugging Face ``WordPieceTrainer`` with BERT's normalizer and pre-tokenizer, uncased by
+  default (``--cased`` for bert-*-cased); 30,522 tokens; ``[PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4``.
+- ``bbpe``: RoBERTa/GPT-2 byte-level BPE (``BpeTrainer`` over the 256-byte alphabet), cased, lossless
+  (decode(encode(text)) == text); 50,265 tokens; ``<s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4``.
+- ``unigram``: ALBERT. SentencePiece's own unigram trainer (``spiece.model`` kept), then converted to a fast
+  tokenizer with ALBERT's pipeline (quotes, NFKD + accent stripping and lowercasing unless ``--cased``, the model's
+  nmt_nfkc charsmap, Metaspace); 30,000 tokens; ``<pad>=0 <unk>=1 [CLS]=2 [SEP]=3 [MASK]=4``.
+- ``zh``: ERNIE 1.0 Chinese. BERT's Chinese handling (every CJK ideograph is pre-tokenized apart, so it is its own
+  token) plus WordPiece for everything else; unlike ``wordpiece`` the initial alphabet is not capped, so every Han
+  character of the corpus gets a token instead of [UNK]; 18,000 tokens (ERNIE 1.0's vocabulary size).
+
+Each pipeline is exactly the one transformers' BertTokenizer / RobertaTokenizer / AlbertTokenizer rebuilds from the
+vocabulary and tokenizer_config.json (transformers 5 rebuilds rather than reading tokenizer.json's normalizer), so
+AutoTokenizer gives our ids. Trainers are fed from an iterator of lines: memory follows the number of distinct
+words (HF trainers) or is capped at ``--spm-sentences`` sampled lines (SentencePiece), not the corpus size.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+if __name__ == "__main__" and __package__ in (None, ""):
+    # `python data_prep/train_tokenizer.py` puts data_prep/ on sys.path, not the repository root.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from data_prep.tokenizer import (HF_CONFIG, HF_SPECIAL_MAP, META_FILE, META_FORMAT, META_VERSION, ROLES, SPM_MODEL,
+                                 TOKENIZER_JSON, fingerprint_folder, load_tokenizer)
+
+
+@dataclass(frozen=True)
+class Kind:
+    default_vocab_size: int
+    default_lowercase: bool
+    hf_class: str
+    specials: dict[str, str]
+    """role -> token string"""
+    id_order: tuple[str, ...]
+    """roles in the order of their ids 0..4"""
+    word_start_convention: str
+    model_max_length: int = 512
+
+
+_BERT_SPECIALS = {"cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]", "pad": "[PAD]", "unk": "[UNK]"}
+KINDS: dict[str, Kind] = {
+    "wordpiece": Kind(30522, True, "BertTokenizerFast", _BERT_SPECIALS, ("pad", "unk", "cls", "sep", "mask"),
+                      "##-continuation"),
+    "zh": Kind(18000, True, "BertTokenizerFast", _BERT_SPECIALS, ("pad", "unk", "cls", "sep", "mask"),
+               "##-continuation"),
+    "bbpe": Kind(50265, False, "RobertaTokenizerFast",
+                 {"cls": "<s>", "sep": "</s>", "mask": "<mask>", "pad": "<pad>", "unk": "<unk>"},
+                 ("cls", "pad", "sep", "unk", "mask"), "Ġ-start"),
+    "unigram": Kind(30000, True, "AlbertTokenizerFast",
+                    {"cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]", "pad": "<pad>", "unk": "<unk>"},
+                    ("pad", "unk", "cls", "sep", "mask"), "▁-start"),
+}
+
+# HF's BertWordPieceTokenizer default: rare characters of an English corpus become [UNK] instead of each costing a
+# vocabulary slot. zh lifts the cap (every Han character must be a token).
+WORDPIECE_ALPHABET_LIMIT = 1000
+MIN_FREQUENCY = 2
+
+
+def parse_size(text: str) -> int:
+    """'500K', '10M', '2G', '12345' -> bytes (powers of 1024)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, flags=re.IGNORECASE)
+    if not match:
+        raise argparse.ArgumentTypeError(f"--limit-bytes {text!r}: expected a size like 500K, 10M, 2G or 12345")
+    scale = 1024 ** " KMGT".index(match.group(2).upper() or " ")
+    return int(float(match.group(1)) * scale)
+
+
+class LineFeed:
+    """The lines of every document of the inputs, in order, stopping after ``limit_bytes`` of UTF-8 text; counts
+    what it read so the summary can report it. Reading goes through data_prep.sources, the same reader as
+    build_indexed.py, so both see the same text (compression, jsonl keys, bad-input handling)."""
+
+    def __init__(self, specs: list[str], json_key: str = "text", limit_bytes: int | None = None,
+                 transform=None, progress: bool = True):
+        from data_prep import sources  # imported here: the loader module must stay light, this CLI may be heavy
+
+        self.skipped: Counter = Counter()
+        self.paths = sources.expand_inputs(specs, skipped=self.skipped)
+        self._sources = sources
+        self.json_key = json_key
+        self.limit_bytes = limit_bytes
+        self.transform = transform
+        self.progress = progress
+        self.bytes = 0
+        self.lines = 0
+        self.documents = 0
+        self.truncated = False
+
+    def __iter__(self) -> Iterator[str]:
+        from tqdm import tqdm
+
+        bar = tqdm(total=self.limit_bytes, unit="B", unit_scale=True, desc="reading", disable=not self.progress,
+                   mininterval=1.0)
+        try:
+            for path in self.paths:
+                for doc in self._sources.iter_documents(path, json_key=self.json_key, skipped=self.skipped):
+                    self.documents += 1
+                    for line in doc.lines:
+                        size = len(line.encode("utf-8"))
+                        if self.limit_bytes is not None and self.bytes + size > self.limit_bytes:
+                            self.truncated = True
+                            return
+                        self.bytes += size
+                        self.lines += 1
+                        bar.update(size)
+                        yield self.transform(line) if self.transform else line
+        finally:
+            bar.close()
+
+
+# ---------------------------------------------------------------------------------------------------------- trainers
+def _ordered_specials(kind: Kind) -> list[str]:
+    return [kind.specials[role] for role in kind.id_order]
+
+
+def train_wordpiece(lines: Iterable[str], kind_name: str, vocab_size: int, lowercase: bool):
+    """BERT's pipeline (as transformers' BertTokenizer builds it) trained with HF's WordPieceTrainer."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    kind = KINDS[kind_name]
+    tok = Tokenizer(models.WordPiece(unk_token=kind.specials["unk"]))
+    # strip_accents=None follows `lowercase`, as in the original BERT (uncased strips accents, cased keeps them).
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                                lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    cap = {} if kind_name == "zh" else {"limit_alphabet": WORDPIECE_ALPHABET_LIMIT}
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=MIN_FREQUENCY,
+                                        special_tokens=_ordered_specials(kind), continuing_subword_prefix="##",
+                                        show_progress=False, **cap)
+    tok.train_from_iterator(lines, trainer)
+    cls, sep = kind.specials["cls"], kind.specials["sep"]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])
+    return tok
+
+
+def train_bbpe(lines: Iterable[str], vocab_size: int):
+    """RoBERTa's byte-level BPE (as transformers' RobertaTokenizer builds it) trained with HF's BpeTrainer."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    kind = KINDS["bbpe"]
+    tok = Tokenizer(models.BPE(dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=MIN_FREQUENCY,
+                                  special_tokens=_ordered_specials(kind),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(lines, trainer)
+    # RoBERTa's <mask> swallows the space before it, so "Paris is the <mask>." predicts "Ġcapital" (fill-mask).
+    tok.add_special_tokens([AddedToken(kind.specials["mask"], lstrip=True, rstrip=False, normalized=False,
+                                       special=True)])
+    cls, sep = kind.specials["cls"], kind.specials["sep"]
+    tok.post_processor = processors.RobertaProcessing((sep, tok.token_to_id(sep)), (cls, tok.token_to_id(cls)),
+                                                      trim_offsets=True, add_prefix_space=False)
+    return tok
+
+
+def albert_normalizer_steps(lowercase: bool) -> list:
+    """ALBERT's text normalization before the SentencePiece charsmap (transformers' AlbertTokenizer; accents are
+    kept exactly when the text is cased)."""
+    from tokenizers import normalizers
+
+    steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
+    if lowercase:
+        steps += [normalizers.NFKD(), normalizers.StripAccents(), normalizers.Lowercase()]
+    return steps
+
+
+def train_unigram(feed: LineFeed, vocab_size: int, lowercase: bool, max_sentences: int, threads: int):
+    """SentencePiece unigram (ALBERT) -> (spiece.model bytes, fast tokenizer with ALBERT's pipeline).
+
+    The trainer sees text already put through ALBERT's pre-charsmap normalization, so its pieces live in the space
+    the encoder sees (lowercase, no accents); SentencePiece then applies nmt_nfkc itself, as the charsmap does."""
+    import sentencepiece as spm
+    from tokenizers import normalizers
+
+    kind = KINDS["unigram"]
+    pre = normalizers.Sequence(albert_normalizer_steps(lowercase))
+    feed.transform = pre.normalize_str
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(feed), model_writer=model, model_type="unigram", vocab_size=vocab_size,
+        pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece=kind.specials["pad"], unk_piece=kind.specials["unk"],
+        control_symbols=[kind.specials[r] for r in ("cls", "sep", "mask")],
+        character_coverage=0.9995, normalization_rule_name="nmt_nfkc",
+        # A corpus too small for the vocabulary gives fewer pieces (reported) instead of an abort.
+        hard_vocab_limit=False,
+        # SentencePiece holds its training sentences in memory: sample at most this many (reservoir sampling) so a
+        # 160 GB corpus costs a bounded few GB. Lines longer than max_sentence_length bytes are skipped by spm.
+        input_sentence_size=max_sentences, shuffle_input_sentence=True, max_sentence_length=16384,
+        num_threads=threads, minloglevel=2)
+    return model.getvalue(), unigram_from_spm(model.getvalue(), lowercase)
+
+
+def unigram_from_spm(model_bytes: bytes, lowercase: bool):
+    """A fast tokenizer equal to the one transformers' AlbertTokenizer builds from this SentencePiece model."""
+    from sentencepiece import sentencepiece_model_pb2
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    kind = KINDS["unigram"]
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model_bytes)
+    vocab = [(p.piece, p.score) for p in proto.pieces]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=proto.trainer_spec.unk_id, byte_fallback=False))
+    steps = albert_normalizer_steps(lowercase)
+    if proto.normalizer_spec.precompiled_charsmap:
+        steps.append(normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
+    tok.normalizer = normalizers.Sequence(steps)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")])
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.add_special_tokens([AddedToken(kind.specials[role], lstrip=(role == "mask"), rstrip=False, normalized=False,
+                                       special=True) for role in kind.id_order])
+    cls, sep = kind.specials["cls"], kind.specials["sep"]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])
+    return tok
+
+
+# ---------------------------------------------------------------------------------------------------------- writing
+def hf_config(kind_name: str, lowercase: bool, tok) -> dict:
+    """tokenizer_config.json: the family's class, its constructor options and the special tokens, as
+    ``save_pretrained`` writes them (transformers 4 reads tokenizer.json, transformers 5 rebuilds from these)."""
+    kind = KINDS[kind_name]
+    config: dict = {"tokenizer_class": kind.hf_class, "model_max_length": kind.model_max_length,
+                    "clean_up_tokenization_spaces": False}
+    if kind.hf_class == "BertTokenizerFast":
+        config.update(do_lower_case=lowercase, tokenize_chinese_chars=True, strip_accents=None)
+    elif kind.hf_class == "AlbertTokenizerFast":
+        config.update(do_lower_case=lowercase, keep_accents=not lowercase, remove_space=True,
+                      bos_token=kind.specials["cls"], eos_token=kind.specials["sep"])
+    elif kind.hf_class == "RobertaTokenizerFast":
+        config.update(add_prefix_space=False, trim_offsets=True, errors="replace",
+                      bos_token=kind.specials["cls"], eos_token=kind.specials["sep"])
+    config.update({f"{role}_token": kind.specials[role] for role in ROLES})
+    config["added_tokens_decoder"] = {
+        str(i): {"content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip, "normalized": t.normalized,
+                 "single_word": t.single_word, "special": t.special}
+        for i, t in sorted(tok.get_added_tokens_decoder().items())}
+    return config
+
+
+def write_folder(out: Path, kind_name: str, lowercase: bool, tok, requested: int, feed: LineFeed,
+                 spm_model: bytes | None = None) -> dict:
+    """Write every file of the folder (DESIGN.md "Tokenizer folder"); our metadata last, so a folder without it is
+    recognisably unfinished."""
+    kind = KINDS[kind_name]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / META_FILE).unlink(missing_ok=True)
+    tok.save(str(out / TOKENIZER_JSON))
+    if spm_model is not None:
+        (out / SPM_MODEL).write_bytes(spm_model)
+    else:
+        (out / SPM_MODEL).unlink(missing_ok=True)
+    config = hf_config(kind_name, lowercase, tok)
+    special_map = {f"{role}_token": kind.specials[role] for role in ROLES}
+    if kind.hf_class != "BertTokenizerFast":
+        special_map.update(bos_token=config["bos_token"], eos_token=config["eos_token"])
+    _write_json(out / HF_CONFIG, config)
+    _write_json(out / HF_SPECIAL_MAP, special_map)
+    meta = {
+        "format": META_FORMAT, "version": META_VERSION, "kind": kind_name, "lowercase": lowercase,
+        "vocab_size": tok.get_vocab_size(with_added_tokens=True), "requested_vocab_size": requested,
+        "hf_tokenizer_class": kind.hf_class, "word_start_convention": kind.word_start_convention,
+        "special_tokens": {role: {"token": kind.specials[role], "id": tok.token_to_id(kind.specials[role])}
+                           for role in ROLES},
+        "training": {"inputs": feed.paths, "documents": feed.documents, "lines": feed.lines, "bytes": feed.bytes,
+                     "truncated_at_limit": feed.truncated, "skipped": dict(sorted(feed.skipped.items()))},
+    }
+    _write_json(out / META_FILE, meta)
+    return meta
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------------------- CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="train_tokenizer.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kind", required=True, choices=sorted(KINDS), help="wordpiece (BERT), bbpe (RoBERTa), "
+                   "unigram (ALBERT SentencePiece), zh (ERNIE Chinese)")
+    p.add_argument("--input", required=True, nargs="+", metavar="SPEC",
+                   help="files, directories, globs or builtin:pydocs (as build_indexed.py)")
+    p.add_argument("--output", required=True, type=Path, help="tokenizer folder to write")
+    p.add_argument("--vocab-size", type=int, default=None, help="default per kind: " +
+                   ", ".join(f"{k} {v.default_vocab_size}" for k, v in KINDS.items()))
+    case = p.add_mutually_exclusive_group()
+    case.add_argument("--lowercase", dest="lowercase", action="store_true", default=None,
+                      help="uncased (default for wordpiece, unigram, zh)")
+    case.add_argument("--cased", dest="lowercase", action="store_false", help="keep case (bbpe is always cased)")
+    p.add_argument("--json-key", default="text", help="field holding the text in .jsonl inputs (default: text)")
+    p.add_argument("--limit-bytes", type=parse_size, default=None,
+                   help="stop reading after this much UTF-8 text, e.g. 2G (default: all input)")
+    p.add_argument("--spm-sentences", type=int, default=10_000_000,
+                   help="unigram: lines SentencePiece samples into memory (default 10,000,000)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="unigram: SentencePiece threads")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    kind = KINDS[args.kind]
+    vocab_size = args.vocab_size or kind.default_vocab_size
+    if vocab_size < 16:
+        raise SystemExit(f"error: --vocab-size {vocab_size} is too small (the special tokens alone take 5)")
+    lowercase = kind.default_lowercase if args.lowercase is None else args.lowercase
+    if args.kind == "bbpe" and lowercase:
+        # transformers' RobertaTokenizer has no normalizer, so a lowercasing bbpe would not load identically there.
+        raise SystemExit("error: --lowercase is not supported for --kind bbpe (byte-level BPE is cased and lossless, "
+                         "as in RoBERTa); drop --lowercase")
+    from data_prep.sources import InputError
+
+    try:
+        feed = LineFeed(args.input, json_key=args.json_key, limit_bytes=args.limit_bytes,
+                        progress=not args.quiet and sys.stderr.isatty())
+        spm_model = None
+        if args.kind in ("wordpiece", "zh"):
+            tok = train_wordpiece(feed, args.kind, vocab_size, lowercase)
+        elif args.kind == "bbpe":
+            tok = train_bbpe(feed, vocab_size)
+        else:
+            spm_model, tok = train_unigram(feed, vocab_size, lowercase, args.spm_sentences, args.threads)
+    except InputError as err:
+        raise SystemExit(f"error: {err}") from None
+    if feed.lines == 0:
+        raise SystemExit(f"error: no text read from --input {' '.join(args.input)} "
+                         f"(skipped: {feed.skipped or 'nothing'}); check the paths and --json-key")
+    meta = write_folder(args.output, args.kind, lowercase, tok, vocab_size, feed, spm_model)
+    loaded = load_tokenizer(args.output)  # the folder must load: fail here, not in a worker hours later
+    actual = meta["vocab_size"]
+    print(f"{args.kind} tokenizer: {actual:,} tokens ({'uncased' if lowercase else 'cased'}) from {feed.lines:,} lines, "
+          f"{feed.documents:,} documents, {feed.bytes / 1e6:.1f} MB from {len(feed.paths)} input(s)"
+          f"{' (stopped at --limit-bytes)' if feed.truncated else ''} -> {args.output}")
+    print(f"fingerprint {fingerprint_folder(args.output)[:16]}, special ids "
+          + " ".join(f"{kind.specials[r]}={getattr(loaded, r + '_id')}" for r in ROLES))
+    if feed.skipped:
+        print("skipped input: " + ", ".join(f"{reason}: {n:,}" for reason, n in sorted(feed.skipped.items())))
+    if actual < vocab_size:
+        print(f"warning: the corpus is too small for --vocab-size {vocab_size:,}: the trainer found only {actual:,} "
+              f"tokens; give it more text (or lower --vocab-size to {actual:,} to make this explicit)", file=sys.stderr)
+    elif actual > vocab_size:
+        print(f"warning: the vocabulary has {actual:,} tokens, more than --vocab-size {vocab_size:,}: the corpus has "
+              f"more distinct characters than that and each one needs a token", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

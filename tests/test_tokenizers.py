@@ -1,0 +1,256 @@
+"""Tokenizers: each kind trains on a slice of the shared corpora through the CLI, loads back, and tokenizes exactly as
+transformers.AutoTokenizer does on the same folder."""
+import gzip
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from data_prep import train_tokenizer
+from data_prep.tokenizer import (META_FILE, SPM_MODEL, TOKENIZER_JSON, TokenizerFolderError, fingerprint_folder,
+                                 load_tokenizer)
+
+SLICE = "300K"
+VOCAB = {"wordpiece": 1000, "bbpe": 1000, "unigram": 1000, "zh": 2000}
+# (cls, sep, mask, pad, unk) ids each family's pretrained checkpoints use, in our small vocabularies.
+EXPECTED_IDS = {"wordpiece": (2, 3, 4, 0, 1), "zh": (2, 3, 4, 0, 1), "bbpe": (0, 2, 4, 1, 3), "unigram": (2, 3, 4, 0, 1)}
+HF_CLASS = {"wordpiece": "BertTokenizer", "zh": "BertTokenizer", "bbpe": "RobertaTokenizer",
+            "unigram": "AlbertTokenizer"}
+ODD_TEXT = ("naïve café — Ünïcödé ﬁ ligature, e\u0301 combining, 𝔘𝔫𝔦 math, 🤖👩‍👩‍👧 emoji+ZWJ, العربية, 日本語の文,"
+            " tabs\tand  double  spaces,\u00a0nbsp, zero\u200bwidth, trailing spaces   \n\nblank lines\r\nCRLF\n")
+
+
+def _read_slice(path, nbytes=300_000):
+    text = path.read_bytes()[:nbytes].decode("utf-8", errors="ignore")
+    return text[: text.rfind("\n") + 1]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, en_corpus, zh_corpus):
+    """One folder per kind (plus a cased WordPiece), trained through main() on a few hundred KB of real text."""
+    root = tmp_path_factory.mktemp("tokenizers")
+    out = {}
+    for kind, corpus, extra in [("wordpiece", en_corpus, []), ("bbpe", en_corpus, []), ("unigram", en_corpus, []),
+                                ("zh", zh_corpus, []), ("wordpiece-cased", en_corpus, ["--cased"])]:
+        name = kind.split("-")[0]
+        folder = root / kind
+        rc = train_tokenizer.main(["--kind", name, "--input", str(corpus), "--output", str(folder), "--vocab-size",
+                                   str(VOCAB[name]), "--limit-bytes", SLICE, "--quiet", *extra])
+        assert rc == 0
+        out[kind] = folder
+    return out
+
+
+@pytest.fixture(scope="module")
+def en_lines(en_corpus):
+    return [line for line in _read_slice(en_corpus).splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def zh_lines(zh_corpus):
+    return [line for line in _read_slice(zh_corpus).splitlines() if line.strip()]
+
+
+def _auto(folder):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bbpe", "unigram", "zh"])
+def test_folder_loads_with_family_layout(trained, kind):
+    folder = trained[kind]
+    tok = load_tokenizer(folder)
+    meta = json.loads((folder / META_FILE).read_text())
+    assert tok.kind == kind and meta["kind"] == kind
+    assert tok.vocab_size == meta["vocab_size"] == VOCAB[kind]  # the slice is big enough for these sizes
+    assert (tok.cls_id, tok.sep_id, tok.mask_id, tok.pad_id, tok.unk_id) == EXPECTED_IDS[kind]
+    assert tok.special_ids == sorted(EXPECTED_IDS[kind])
+    for role in ("cls", "sep", "mask", "pad", "unk"):
+        assert meta["special_tokens"][role]["id"] == getattr(tok, f"{role}_id")
+        assert tok.token_to_id(meta["special_tokens"][role]["token"]) == getattr(tok, f"{role}_id")
+    assert (folder / SPM_MODEL).exists() == (kind == "unigram")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (folder / name).exists()
+    ids = tok.encode("The quick brown fox jumps over the lazy dog.")
+    assert ids and all(0 <= i < tok.vocab_size for i in ids) and not set(ids) & set(tok.special_ids)
+
+
+def test_bbpe_round_trip_is_exact(trained, en_corpus, zh_corpus):
+    tok = load_tokenizer(trained["bbpe"])
+    texts = [_read_slice(en_corpus, 60_000), _read_slice(zh_corpus, 30_000), ODD_TEXT, "  leading spaces", "\n",
+             "x" * 5000, "[MASK] <mask> <s> literal specials"]
+    for text in texts:
+        assert tok.decode(tok.encode(text)) == text
+    batch = tok.encode_batch(texts)
+    assert batch == [tok.encode(t) for t in texts]
+    assert [tok.decode(ids) for ids in batch] == texts
+
+
+def test_wordpiece_uncased_lowercases_and_cased_does_not(trained):
+    uncased, cased = load_tokenizer(trained["wordpiece"]), load_tokenizer(trained["wordpiece-cased"])
+    assert uncased.lowercase and not cased.lowercase
+    assert uncased.encode("The CAT Sat") == uncased.encode("the cat sat")
+    assert uncased.encode("café") == uncased.encode("cafe")  # uncased BERT strips accents too
+    assert cased.encode("The CAT Sat") != cased.encode("the cat sat")
+    tokens = [cased.id_to_token(i) for i in cased.encode("The United States")]
+    assert any(t != t.lower() for t in tokens)
+    assert all(t == t.lower() for t in (uncased.id_to_token(i) for i in uncased.encode("The United States")))
+
+
+def test_zh_gives_every_han_character_its_own_token(trained, zh_lines):
+    tok = load_tokenizer(trained["zh"])
+    han = re.compile(r"[\u4e00-\u9fff]")
+    for line in zh_lines[:400]:
+        tokens = [tok.id_to_token(i) for i in tok.encode(line)]
+        assert tok.unk_id not in tok.encode("".join(han.findall(line)))  # trained on this text: no Han char is [UNK]
+        for t in tokens:
+            if han.search(t):
+                assert len(t) == 1, f"{t!r} in {line!r}"
+        assert sum(len(t) == 1 and bool(han.match(t)) for t in tokens) == len(han.findall(line))
+    chars = "".join(han.findall("".join(zh_lines)))[:4]
+    mixed = [tok.id_to_token(i) for i in tok.encode(f"{chars}ERNIE{chars[::-1]} understands transformers")]
+    assert mixed[:4] == list(chars) and mixed[-len(chars) - 2:] != []
+    assert "".join(mixed).count("ernie") <= 1 and any(t.startswith("##") for t in mixed)  # Latin: WordPiece
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bbpe", "unigram", "zh"])
+def test_autotokenizer_matches_ours(trained, kind, en_lines, zh_lines):
+    tok, hf = load_tokenizer(trained[kind]), _auto(trained[kind])
+    assert type(hf).__name__ == HF_CLASS[kind]
+    assert (hf.cls_token_id, hf.sep_token_id, hf.mask_token_id, hf.pad_token_id, hf.unk_token_id) == EXPECTED_IDS[kind]
+    assert len(hf) == tok.vocab_size
+    lines = (zh_lines if kind == "zh" else en_lines)[:300] + [ODD_TEXT, "Ünïcödé  CAFÉ  ``quoted''"]
+    ours = tok.encode_batch(lines)
+    assert [hf(line, add_special_tokens=False)["input_ids"] for line in lines] == ours
+    assert hf(lines[0])["input_ids"] == [tok.cls_id, *ours[0], tok.sep_id]
+    assert [hf.decode(ids) for ids in ours[:50]] == [tok.decode(ids) for ids in ours[:50]]
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bbpe", "unigram"])
+def test_literal_special_strings_in_corpus_text_stay_text(trained, kind):
+    tok, hf = load_tokenizer(trained[kind]), _auto(trained[kind])
+    text = f"a {tok.special_tokens['mask']} b {tok.special_tokens['sep']} c"
+    ids = tok.encode(text)
+    assert not set(ids) & set(tok.special_ids)
+    assert hf(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] == ids
+    # ...while a Hugging Face user still gets the mask token (fill-mask works on the exported model)
+    assert tok.mask_id in hf(text, add_special_tokens=False)["input_ids"]
+
+
+def _pretokens(tok, text):
+    backend = tok.backend
+    normalized = backend.normalizer.normalize_str(text) if backend.normalizer else text
+    return [w for w, _ in backend.pre_tokenizer.pre_tokenize_str(normalized)]
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bbpe", "unigram", "zh"])
+def test_word_start_table(trained, kind, en_lines, zh_lines):
+    tok = load_tokenizer(trained[kind])
+    table = tok.word_start
+    assert table.dtype == np.bool_ and table.shape == (tok.vocab_size,)
+    assert table[tok.special_ids].all()
+    known = {"wordpiece": {"the": True, "##s": False, "##ing": False},
+             "zh": {"的": True, "是": True, "##s": False},
+             "bbpe": {"Ġthe": True, "the": False, "s": False, "Ġ": True},
+             "unigram": {"▁the": True, "▁": True, "s": False, "ing": False}}[kind]
+    for token, starts in known.items():
+        token_id = tok.token_to_id(token)
+        assert token_id is not None, f"{token!r} not in the {kind} vocabulary"
+        assert table[token_id] == starts, token
+    # Against an independent count: words as the pre-tokenizer splits them. WordPiece: one start per pre-token;
+    # SentencePiece: one per whitespace-separated word; byte-level BPE: one per pre-token that begins with a space.
+    # ([UNK] counts as a start wherever it falls, so lines with one are left out of the count.)
+    lines = [line for line in (zh_lines if kind == "zh" else en_lines)[:300] if tok.unk_id not in tok.encode(line)]
+    assert len(lines) > 150
+    for line in lines:
+        n_starts = int(table[tok.encode(line)].sum())
+        if kind in ("wordpiece", "zh"):
+            assert n_starts == len(_pretokens(tok, line)), line
+        elif kind == "unigram":
+            assert n_starts == len(line.split()), line
+        else:
+            assert n_starts == sum(w.startswith("Ġ") for w in _pretokens(tok, line)), line
+
+
+def test_fingerprint_follows_the_files_that_define_ids(trained, tmp_path, en_corpus):
+    folder = trained["wordpiece"]
+    a = load_tokenizer(folder)
+    assert a.fingerprint == load_tokenizer(folder).fingerprint == fingerprint_folder(folder)
+    assert len(a.fingerprint) == 64
+    assert len({load_tokenizer(trained[k]).fingerprint for k in ("wordpiece", "bbpe", "unigram", "zh")}) == 4
+    assert load_tokenizer(trained["wordpiece-cased"]).fingerprint != a.fingerprint
+    other = tmp_path / "wp900"
+    train_tokenizer.main(["--kind", "wordpiece", "--input", str(en_corpus), "--output", str(other), "--vocab-size",
+                          "900", "--limit-bytes", SLICE, "--quiet"])
+    assert load_tokenizer(other).fingerprint != a.fingerprint
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    assert load_tokenizer(copy).fingerprint == a.fingerprint  # the path is not part of it
+    data = json.loads((copy / TOKENIZER_JSON).read_text())
+    data["model"]["vocab"]["zzzz"] = data["model"]["vocab"].pop("the")
+    (copy / TOKENIZER_JSON).write_text(json.dumps(data))
+    assert load_tokenizer(copy).fingerprint != a.fingerprint
+
+
+def test_unigram_keeps_a_sentencepiece_model_equal_to_the_fast_tokenizer(trained, en_lines):
+    spm = pytest.importorskip("sentencepiece")
+    tok = load_tokenizer(trained["unigram"])
+    sp = spm.SentencePieceProcessor(model_file=str(trained["unigram"] / SPM_MODEL))
+    assert sp.get_piece_size() == tok.vocab_size
+    assert [sp.id_to_piece(i) for i in range(sp.get_piece_size())] == tok.tokens
+    # Lowercase ASCII is unchanged by ALBERT's pre-charsmap steps, so SentencePiece itself must agree id for id.
+    lines = [line.lower() for line in en_lines[:300] if line.isascii()]
+    assert len(lines) > 100
+    assert [sp.encode(line) for line in lines] == tok.encode_batch(lines)
+
+
+def test_small_corpus_reports_the_actual_size(tmp_path, en_corpus, capsys):
+    small = tmp_path / "small.txt"
+    small.write_text(_read_slice(en_corpus, 20_000), encoding="utf-8")
+    for kind in ("wordpiece", "unigram"):
+        out = tmp_path / kind
+        assert train_tokenizer.main(["--kind", kind, "--input", str(small), "--output", str(out),
+                                     "--vocab-size", "30000", "--quiet"]) == 0
+        actual = load_tokenizer(out).vocab_size
+        assert actual < 30000
+        err = capsys.readouterr().err
+        assert "too small" in err and f"{actual:,}" in err
+
+
+def test_jsonl_gz_input_with_json_key(tmp_path, en_lines):
+    path = tmp_path / "docs.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        for i in range(0, 600, 3):
+            fh.write(json.dumps({"body": "\n".join(en_lines[i:i + 3]), "id": i}) + "\n")
+    out = tmp_path / "tok"
+    assert train_tokenizer.main(["--kind", "bbpe", "--input", str(path), "--output", str(out), "--vocab-size", "600",
+                                 "--json-key", "body", "--quiet"]) == 0
+    meta = json.loads((out / META_FILE).read_text())
+    assert meta["training"]["documents"] == 200 and meta["training"]["lines"] == 600
+    with pytest.raises(SystemExit, match="no text read"):
+        train_tokenizer.main(["--kind", "bbpe", "--input", str(path), "--output", str(tmp_path / "t2"),
+                              "--json-key", "text", "--quiet"])
+
+
+def test_clear_errors(tmp_path, trained):
+    with pytest.raises(TokenizerFolderError, match="does not exist"):
+        load_tokenizer(tmp_path / "nope")
+    hf_only = tmp_path / "hf_only"
+    hf_only.mkdir()
+    shutil.copy(trained["wordpiece"] / TOKENIZER_JSON, hf_only / TOKENIZER_JSON)
+    with pytest.raises(TokenizerFolderError, match="bertfamily_tokenizer.json is missing.*Hugging Face"):
+        load_tokenizer(hf_only)
+    broken = tmp_path / "broken"
+    shutil.copytree(trained["wordpiece"], broken)
+    meta = json.loads((broken / META_FILE).read_text())
+    meta["special_tokens"]["mask"]["id"] = 7
+    (broken / META_FILE).write_text(json.dumps(meta))
+    with pytest.raises(TokenizerFolderError, match="special_tokens.mask"):
+        load_tokenizer(broken)
+    with pytest.raises(SystemExit, match="--lowercase is not supported for --kind bbpe"):
+        train_tokenizer.main(["--kind", "bbpe", "--input", "x.txt", "--output", str(tmp_path / "o"), "--lowercase"])
+    with pytest.raises(SystemExit, match="nothing_here"):
+        train_tokenizer.main(["--kind", "wordpiece", "--input", str(tmp_path / "nothing_here*.txt"),
+                              "--output", str(tmp_path / "o")])
