@@ -92,6 +92,12 @@ class Tokenizer:
         added = {i for i, tok in backend.get_added_tokens_decoder().items() if tok.special}
         self.special_ids: list[int] = sorted(added | {self.cls_id, self.sep_id, self.mask_id, self.pad_id, self.unk_id})
 
+    def __setstate__(self, state: dict) -> None:
+        # tokenizers pickles the backend as its JSON, which does not carry encode_special_tokens: without this a
+        # worker process that receives a pickled Tokenizer would turn "[SEP]" in corpus text into the separator.
+        self.__dict__.update(state)
+        self._backend.encode_special_tokens = True
+
     def __repr__(self) -> str:
         return f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, path={str(self.path)!r})"
 
