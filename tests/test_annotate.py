@@ -11,21 +11,12 @@ from data_prep.annotate import ENTITY, PHRASE
 
 
 def _zh_tokenizer_dir(tmp: Path, corpus: Path) -> Path:
-    """A Chinese tokenizer folder: the `zh` kind's shape (one token per Han character, WordPiece for the rest).
+    """A small `zh` tokenizer folder (one token per Han character, WordPiece for the rest) from data prep's trainer."""
+    from data_prep import train_tokenizer
 
-    Stand-in until data_prep/train_tokenizer.py --kind zh lands: the same Hugging Face pipeline it is specified to
-    use (BertNormalizer isolates CJK characters, BertPreTokenizer, WordPiece), trained on a slice of the corpus."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(handle_chinese_chars=True, lowercase=False, strip_accents=False)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    lines = corpus.read_text(encoding="utf-8").splitlines()[:4000]
-    tok.train_from_iterator(lines, trainers.WordPieceTrainer(
-        vocab_size=6000, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
     out = tmp / "zh_tok"
-    out.mkdir()
-    tok.save(str(out / "tokenizer.json"))
+    train_tokenizer.main(["--kind", "zh", "--input", str(corpus), "--output", str(out), "--vocab-size", "2900",
+                          "--limit-bytes", "300K", "--quiet"])
     return out
 
 
@@ -92,7 +83,10 @@ def test_align_spans_keeps_only_token_boundaries():
 def test_sidecar_round_trip_on_chinese_corpus(tmp_path, zh_tok, zh_corpus):
     from tokenizers import Tokenizer
 
+    from data_prep.tokenizer import load_tokenizer
+
     hf = Tokenizer.from_file(str(zh_tok / "tokenizer.json"))
+    ours = load_tokenizer(zh_tok)  # what build_indexed writes to the shards
     lines = [l for l in zh_corpus.read_text(encoding="utf-8").splitlines()[:600]]
     docs, doc = [], []
     for line in lines:  # the corpus's layout: a blank line between documents
@@ -101,7 +95,7 @@ def test_sidecar_round_trip_on_chinese_corpus(tmp_path, zh_tok, zh_corpus):
         elif doc:
             docs.append(doc)
             doc = []
-    ids = [[hf.encode(s, add_special_tokens=False).ids for s in d] for d in docs]
+    ids = [ours.encode_batch(d) for d in docs]
     writer = annotate.SidecarWriter(tmp_path / "zh_00000", annotate.make_annotator("jieba"), zh_tok)
     expected = []
     for d, d_ids in zip(docs, ids):
