@@ -1,0 +1,270 @@
+"""Sample formats over real indexed shards: NSP / SOP pairs, full- and doc-sentences, the sample index and its cache.
+
+The top of this file also holds the corpus fixtures the other data/objective tests import: a WordPiece tokenizer
+trained on the shared English corpus, and shards written in the layout of DESIGN.md "Shards and manifest" (megatron-core's builder plus data_prep's
+manifest writer).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer.data.config import DataConfig
+from trainer.data.corpus import IndexedCorpus
+from trainer.data.dataset import PretrainingDataset
+from trainer.data.formats import SampleBuilder
+from trainer.data.sample_index import build_index, load_or_build
+
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# corpus fixtures (imported by test_masking, test_data_order, test_objectives)
+# ---------------------------------------------------------------------------------------------------------------------
+def read_documents(path: Path, limit: int | None = None) -> list[list[str]]:
+    """Blank-line separated documents of one-sentence lines (the shared corpora's layout)."""
+    docs, cur = [], []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            cur.append(line.strip())
+        elif cur:
+            docs.append(cur)
+            cur = []
+        if limit and len(docs) >= limit:
+            break
+    if cur and (not limit or len(docs) < limit):
+        docs.append(cur)
+    return docs
+
+
+def train_wordpiece(corpus: Path, out: Path, vocab_size: int = 2000):
+    """A real tokenizer folder (data_prep/train_tokenizer.py) loaded the way the trainer loads it."""
+    from data_prep.tokenizer import load_tokenizer
+    from data_prep.train_tokenizer import main as train_tokenizer
+
+    train_tokenizer(["--kind", "wordpiece", "--input", str(corpus), "--output", str(out), "--vocab-size",
+                     str(vocab_size), "--quiet"])
+    return load_tokenizer(out)
+
+
+def write_shards(docs_ids: list[list[list[int]]], prefix: Path, vocab_size: int, docs_per_shard: int = 4000) -> Path:
+    """Shards PREFIX_0000k.bin/.idx (one sequence per sentence, end_document per document) and their manifest,
+    the layout build_indexed.py writes (DESIGN.md "Shards and manifest"); small hand-made corpora need exact
+    control over sentence boundaries, which a text round trip through a tokenizer would not give."""
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from data_prep.manifest import sha256_file, totals_of, write_manifest
+
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    dtype = np.uint16 if vocab_size < 65500 else np.int32
+    shards = []
+    for k in range(0, len(docs_ids), docs_per_shard):
+        name = f"{prefix.name}_{k // docs_per_shard:05d}"
+        base = str(prefix.parent / name)
+        builder = IndexedDatasetBuilder(base + ".bin", dtype=dtype)
+        part = docs_ids[k:k + docs_per_shard]
+        for doc in part:
+            for sent in doc:
+                builder.add_item(torch.tensor(sent, dtype=torch.int64))
+            builder.end_document()
+        builder.finalize(base + ".idx")
+        shards.append({"prefix": name, "documents": len(part), "sentences": sum(len(d) for d in part),
+                       "tokens": sum(len(s) for d in part for s in d), "bin_bytes": Path(base + ".bin").stat().st_size,
+                       "bin_sha256": sha256_file(base + ".bin"), "idx_sha256": sha256_file(base + ".idx"),
+                       "input": "test", "input_range": [k, k + len(part)]})
+    write_manifest(prefix, {
+        "format": "bertfamily-indexed", "version": 1, "tool_version": "test",
+        "tokenizer": {"path": "", "fingerprint": "test", "kind": "wordpiece", "vocab_size": vocab_size},
+        "dtype": np.dtype(dtype).name, "shards": shards, "totals": totals_of(shards, 0), "inputs": [], "skipped": {},
+        "settings": {}})
+    return prefix
+
+
+def encode_docs(tok, docs: list[list[str]]) -> list[list[list[int]]]:
+    flat = tok.encode_batch([s for d in docs for s in d])
+    out, i = [], 0
+    for d in docs:
+        sents = [s for s in flat[i:i + len(d)] if s]
+        i += len(d)
+        if sents:
+            out.append(sents)
+    return out
+
+
+@pytest.fixture(scope="session")
+def en_tokenizer(en_corpus, tmp_path_factory):
+    return train_wordpiece(en_corpus, tmp_path_factory.mktemp("tok") / "wordpiece", vocab_size=2000)
+
+
+@pytest.fixture(scope="session")
+def en_prepared(en_corpus, en_tokenizer, tmp_path_factory) -> Path:
+    """The whole English corpus as 4 shards; returns the prefix."""
+    docs = encode_docs(en_tokenizer, read_documents(en_corpus))
+    return write_shards(docs, tmp_path_factory.mktemp("en") / "en", en_tokenizer.vocab_size)
+
+
+def data_config(prefix, **kw) -> DataConfig:
+    return DataConfig(corpora=[{"prefix": str(prefix)}], **kw)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# tests
+# ---------------------------------------------------------------------------------------------------------------------
+def test_corpus_reads_back_what_was_written(tmp_path):
+    docs = [[[5, 6, 7], [8]], [[9, 10]], [[11], [12, 13], [14]]]
+    prefix = write_shards(docs, tmp_path / "toy", 100, docs_per_shard=2)
+    corpus = IndexedCorpus(prefix)
+    assert corpus.num_documents == 3 and corpus.num_sentences == 6
+    assert corpus.doc_starts.tolist() == [0, 2, 3, 6]
+    assert corpus.read(0, 6).tolist() == list(range(5, 15))  # crosses the shard boundary at sentence 3
+    assert corpus.read(3, 5).tolist() == [11, 12, 13]
+    assert corpus.document_of(np.array([0, 1, 2, 3, 5])).tolist() == [0, 0, 1, 2, 2]
+
+
+def test_manifest_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="toy.manifest.json"):
+        IndexedCorpus(tmp_path / "toy")
+    (tmp_path / "bad.manifest.json").write_text(json.dumps({"format": "other", "shards": []}))
+    with pytest.raises(ValueError, match="bad.manifest.json.*format"):
+        IndexedCorpus(tmp_path / "bad")
+
+
+def test_full_sentences_index_worked_example(tmp_path):
+    # The example of sample_index.py's docstring: budget 10 = T - 2 with T = 12.
+    docs = [[[1] * 4, [2] * 3, [3] * 5], [[4] * 6, [5] * 2]]
+    corpus = IndexedCorpus(write_shards(docs, tmp_path / "ex", 100))
+    index = build_index(corpus, "full-sentences", 12, 0.0, seed=1)
+    assert index.chunks[:, :2].tolist() == [[0, 2], [2, 3], [3, 5]]
+    doc = build_index(corpus, "doc-sentences", 12, 0.0, seed=1, pack=False)
+    assert doc.chunks[:, :2].tolist() == [[0, 2], [2, 3], [3, 5]]
+
+
+def _builder(prefix, fmt, T=128, short=0.1, seed=3, pack=True):
+    corpus = IndexedCorpus(prefix)
+    index = build_index(corpus, fmt, T, short, seed, pack)
+    return corpus, index, SampleBuilder(corpus, index, fmt, T, cls_id=2, sep_id=3)
+
+
+def _segments(tokens, sep=3):
+    seps = np.flatnonzero(tokens == sep)
+    return tokens[1:seps[0]], tokens[seps[0] + 1:seps[1]]
+
+
+def _locate(corpus, seg):
+    """Global token offsets where ``seg`` occurs in the corpus (a brute-force reference)."""
+    flat = corpus.read(0, corpus.num_sentences)
+    n = len(seg)
+    starts = np.flatnonzero(flat[:len(flat) - n + 1] == seg[0])
+    return np.array([o for o in starts.tolist() if np.array_equal(flat[o:o + n], seg)], dtype=np.int64)
+
+
+def test_nsp_negatives_come_from_other_documents_and_positives_are_contiguous(en_prepared):
+    corpus, index, build = _builder(en_prepared, "segment-pair", short=0.0)
+    tok_doc = np.repeat(np.arange(corpus.num_documents), np.diff(build.cum[corpus.doc_starts]))
+    labels, checked = [], 0
+    for i in range(0, len(index), max(1, len(index) // 300)):
+        s = build(i, np.random.default_rng(i))
+        a, b = _segments(s["tokens"])
+        assert len(s["tokens"]) <= 128 and len(a) and len(b)
+        labels.append(s["sentence_label"])
+        start, end, _ = index.chunks[i]
+        own_doc = corpus.document_of(start)
+        if s["sentence_label"] == 0:
+            # B follows A inside the chunk's document (both possibly trimmed at their outer ends)
+            chunk = corpus.read(start, end)
+            ia = _locate_in(chunk, a)
+            ib = _locate_in(chunk, b)
+            assert ia is not None and ib is not None and ib >= ia + len(a)
+        else:
+            b_docs = {int(tok_doc[o]) for o in _locate(corpus, b)}
+            assert b_docs and own_doc not in b_docs, f"sample {i}: negative B found in its own document"
+        checked += 1
+    n = len(labels)
+    rate = np.mean(labels)
+    assert abs(rate - 0.5) < 4 * np.sqrt(0.25 / n), f"NSP negative rate {rate} over {n} samples"
+
+
+def _locate_in(haystack, needle):
+    if len(needle) == 0:
+        return 0
+    w = np.lib.stride_tricks.sliding_window_view(haystack, len(needle))
+    hits = np.flatnonzero((w == needle).all(axis=1))
+    return int(hits[0]) if len(hits) else None
+
+
+def test_sop_negatives_are_the_positive_swapped(en_prepared):
+    corpus, index, build = _builder(en_prepared, "sop-pair", T=512, short=0.0)
+    n_neg = 0
+    for i in range(0, min(len(index), 400)):
+        rng_seed = 1000 + i
+        s = build(i, np.random.default_rng(rng_seed))
+        start, end, _ = index.chunks[i]
+        chunk = corpus.read(start, end)
+        a, b = _segments(s["tokens"])
+        assert (s["token_types"][:len(a) + 2] == 0).all() and (s["token_types"][len(a) + 2:] == 1).all()
+        if len(chunk) > build.budget:
+            continue  # trimmed pairs are checked for order only by their labels below
+        joined = np.concatenate([b, a]) if s["sentence_label"] else np.concatenate([a, b])
+        assert joined.tolist() == chunk.tolist(), f"sample {i}: segments are not the chunk's two halves"
+        n_neg += s["sentence_label"]
+    assert n_neg > 0
+
+
+def test_doc_sentences_never_cross_a_document_and_packing_fills_rows(en_prepared):
+    corpus, index, build = _builder(en_prepared, "doc-sentences", T=128, short=0.0, pack=True)
+    docs_of = corpus.document_of
+    for i in range(len(index)):
+        for start, end, _ in index.sample_chunks(i):
+            assert docs_of(start) == docs_of(end - 1), f"sample {i} crosses a document"
+    lengths = np.array([len(build(i, None)["tokens"]) for i in range(0, len(index), 7)])
+    assert lengths.max() <= 128
+    _, unpacked, build_u = _builder(en_prepared, "doc-sentences", T=128, short=0.0, pack=False)
+    unpacked_len = np.array([len(build_u(i, None)["tokens"]) for i in range(0, len(unpacked), 7)])
+    _, full, build_f = _builder(en_prepared, "full-sentences", T=128, short=0.0)
+    full_len = np.array([len(build_f(i, None)["tokens"]) for i in range(0, len(full), 7)])
+    # Fixed micro-batch shapes: tokens per row with packing are within 15 % of full-sentences; without, far below.
+    assert lengths.mean() > 0.85 * full_len.mean(), (lengths.mean(), full_len.mean())
+    assert unpacked_len.mean() < 0.7 * lengths.mean()
+    s = build(int(np.argmax(np.diff(index.row_ptr))), None)
+    packs = s["pack_ids"]
+    assert packs.max() >= 2 and (np.diff(packs) >= 0).all()
+    assert (s["tokens"][np.flatnonzero(np.diff(packs, prepend=0))] == 2).all()  # each packed sample opens with [CLS]
+
+
+def test_full_sentences_put_a_separator_at_document_ends(tmp_path):
+    docs = [[[10, 11], [12]], [[13, 14]], [[15] * 3]]
+    corpus = IndexedCorpus(write_shards(docs, tmp_path / "fs", 100))
+    index = build_index(corpus, "full-sentences", 64, 0.0, seed=1)
+    s = SampleBuilder(corpus, index, "full-sentences", 64, cls_id=2, sep_id=3)(0, None)
+    assert s["tokens"].tolist() == [2, 10, 11, 12, 3, 13, 14, 3, 15, 15, 15, 3]
+
+
+def test_pairs_fit_and_short_seq_prob_makes_short_samples(en_prepared):
+    corpus, index, build = _builder(en_prepared, "segment-pair", T=64, short=0.5)
+    short = (index.chunks[:, 2] < 61).mean()
+    # half of the *targets* are short, but a chunk starting at a document start is counted once either way
+    assert 0.3 < short < 0.7
+    for i in range(0, len(index), 50):
+        assert len(build(i, np.random.default_rng(i))["tokens"]) <= 64
+
+
+def test_index_cache_is_reused_and_keyed_by_settings(en_prepared, tmp_path):
+    corpus = IndexedCorpus(en_prepared)
+    a = load_or_build(corpus, "full-sentences", 128, 0.1, 5, True, tmp_path)
+    files = sorted(p.name for p in tmp_path.glob("*.npy"))
+    b = load_or_build(corpus, "full-sentences", 128, 0.1, 5, True, tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.npy")) == files and np.array_equal(a.chunks, b.chunks)
+    load_or_build(corpus, "full-sentences", 256, 0.1, 5, True, tmp_path)
+    assert len(list(tmp_path.glob("*-chunks.npy"))) == 2
+
+
+def test_dataset_sample_contract(en_prepared, en_tokenizer, tmp_path):
+    cfg = data_config(en_prepared, format="segment-pair", max_seq_length=128, cache_dir=str(tmp_path))
+    ds = PretrainingDataset(cfg, en_tokenizer, seed=1)
+    s = ds[0]
+    assert set(s) == {"input_ids", "token_type_ids", "mlm_positions", "mlm_labels", "sentence_label"}
+    assert len(s["mlm_positions"]) <= cfg.masking.max_predictions_per_seq
+    assert (np.diff(s["mlm_positions"]) > 0).all()

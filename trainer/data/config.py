@@ -1,0 +1,82 @@
+"""The ``data`` section of the run config: corpora, sample format, masking, loader. Defaults are BERT's."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FORMATS = ("segment-pair", "sentence-pair", "full-sentences", "doc-sentences", "sop-pair")
+PAIR_FORMATS = ("segment-pair", "sentence-pair", "sop-pair")
+
+
+class MaskingConfig(BaseModel):
+    """Which tokens are predicted and how they are corrupted (BERT 15 % with 80/10/10 by default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    strategy: Literal["token", "whole-word", "ngram", "span"] = "token"
+    """token: BERT; whole-word: all pieces of a word together; ngram: ALBERT (n <= max_ngram, p(n) ∝ 1/n); span:
+    SpanBERT (geometric lengths in words, p=span_p, clipped at max_span)"""
+    rate: float = Field(0.15, gt=0.0, lt=1.0)
+    """fraction of (non-special) tokens selected for prediction"""
+    mask_prob: float = Field(0.8, ge=0.0, le=1.0)
+    """of the selected tokens, the fraction replaced by [MASK]"""
+    random_prob: float = Field(0.1, ge=0.0, le=1.0)
+    """of the selected tokens, the fraction replaced by a random non-special token (the rest stay unchanged)"""
+    max_predictions_per_seq: int = Field(20, ge=1)
+    """cap on predicted tokens per sample (BERT: 20 at seq 128, 80 at seq 512); also the width P of mlm_positions"""
+    max_ngram: int = Field(3, ge=1, le=10)
+    span_p: float = Field(0.2, gt=0.0, lt=1.0)
+    max_span: int = Field(10, ge=1)
+    dynamic: bool = True
+    """True: a fresh pattern each time a sample is seen (RoBERTa); False: static, as BERT's offline data"""
+    dupe_factor: int = Field(1, ge=1)
+    """static masking only: number of distinct patterns per sample, cycled over epochs (BERT's dupe_factor)"""
+
+    @model_validator(mode="after")
+    def _split_sums_to_at_most_one(self):
+        if self.mask_prob + self.random_prob > 1.0 + 1e-9:
+            raise ValueError(
+                f"masking.mask_prob ({self.mask_prob}) + masking.random_prob ({self.random_prob}) exceeds 1")
+        return self
+
+
+class CorpusSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prefix: str
+    """PREFIX of PREFIX.manifest.json written by data_prep/build_indexed.py"""
+    weight: float = Field(1.0, gt=0.0)
+    """relative share of training samples drawn from this corpus (blending)"""
+
+
+class DataConfig(BaseModel):
+    """Where samples come from and how they are built. ``corpora`` may list several prepared corpora, blended."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    corpora: list[CorpusSpec] = Field(min_length=1)
+    valid_corpora: list[CorpusSpec] = Field(default_factory=list)
+    """held-out corpora for evaluation (same format and masking)"""
+    format: Literal["segment-pair", "sentence-pair", "full-sentences", "doc-sentences", "sop-pair"] = "segment-pair"
+    max_seq_length: int = Field(128, ge=8)
+    short_seq_prob: float = Field(0.1, ge=0.0, le=1.0)
+    """probability that a sample's target length is drawn uniformly in [2, max] instead of max (BERT)"""
+    nsp_negative_prob: float = Field(0.5, ge=0.0, le=1.0)
+    """pair formats: probability of a negative (NSP: B from another document; SOP: A and B swapped)"""
+    pack_doc_sentences: bool = True
+    """doc-sentences: pack short samples (document ends) together into one row up to max_seq_length, with
+    ``pack_ids`` telling the encoder where each packed sample begins, so tokens per batch stay close to
+    full-sentences with fixed micro-batch shapes (see trainer/data/sample_index.py)"""
+    masking: MaskingConfig = Field(default_factory=MaskingConfig)
+    pad_to: Literal["batch", "max"] = "batch"
+    """pad each batch to its longest row, or always to max_seq_length (fixed shapes, e.g. for compiled graphs)"""
+    num_workers: int = Field(2, ge=0)
+    prefetch_factor: int = Field(4, ge=1)
+    cache_dir: str | None = None
+    """where derived index arrays are cached (.npy); default: an ``index_cache`` folder beside the first manifest"""
+    blend_period: int = Field(1_000_000, ge=1)
+    """blending pattern length: weights are met exactly within each period of this many samples"""
+
+    def pair_format(self) -> bool:
+        return self.format in PAIR_FORMATS

@@ -1,0 +1,88 @@
+"""The pretraining dataset: global stream position -> one masked sample (numpy), a pure function of the seed.
+
+``dataset[g]`` = blend -> (corpus c, its position) -> epoch order -> (epoch, sample id) -> chunks -> tokens ->
+masking. The sample's generator is Philox keyed by ``(seed, corpus, view epoch, sample id)`` where the view epoch is
+the epoch (dynamic masking) or ``epoch % dupe_factor`` (static masking: the same pattern for a sample every
+``dupe_factor`` epochs, like BERT's offline ``dupe_factor`` copies). Creating it costs ~8 µs; nothing else is
+random, so any rank or worker builds any sample in O(1), in any order.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .config import DataConfig
+from .corpus import IndexedCorpus
+from .formats import SampleBuilder
+from .masking import Masker
+from .order import Blend, EpochOrder
+from .sample_index import load_or_build, settings_hash, index_settings
+
+
+def sample_rng(seed: int, corpus: int, epoch: int, sample_id: int) -> np.random.Generator:
+    """The generator of one sample: Philox's 128-bit key packs seed (48 bits) and corpus (16) | epoch (24) and
+    sample id (40)."""
+    if sample_id >= 1 << 40 or epoch >= 1 << 24 or corpus >= 1 << 16 or not 0 <= seed < 1 << 48:
+        raise OverflowError(f"sample key out of range: seed {seed}, corpus {corpus}, epoch {epoch}, "
+                            f"sample {sample_id}")
+    key = np.array([(seed << 16) | corpus, (epoch << 40) | sample_id], dtype=np.uint64)
+    return np.random.Generator(np.random.Philox(key=key))
+
+
+class PretrainingDataset:
+    """Map-style dataset over global stream positions (``len`` is the number of distinct samples per epoch)."""
+
+    def __init__(self, cfg: DataConfig, tokenizer, seed: int, split: str = "train"):
+        specs = cfg.corpora if split == "train" else cfg.valid_corpora
+        if not specs:
+            raise ValueError(f"data.{'corpora' if split == 'train' else 'valid_corpora'} is empty")
+        self.cfg, self.seed = cfg, int(seed)
+        self.pad_id = int(tokenizer.pad_id)
+        self.corpora = [IndexedCorpus(spec.prefix) for spec in specs]
+        vocab = int(tokenizer.vocab_size)
+        for spec, corpus in zip(specs, self.corpora):
+            if corpus.vocab_size and corpus.vocab_size != vocab:
+                raise ValueError(f"{spec.prefix}: prepared with a vocabulary of {corpus.vocab_size}, but the "
+                                 f"tokenizer has {vocab}; prepare it again with this tokenizer")
+        cache = Path(cfg.cache_dir) if cfg.cache_dir else Path(str(specs[0].prefix)).parent / "index_cache"
+        self.builders, self.orders = [], []
+        for c, corpus in enumerate(self.corpora):
+            index = load_or_build(corpus, cfg.format, cfg.max_seq_length, cfg.short_seq_prob, self.seed,
+                                  cfg.pack_doc_sentences, cache)
+            key = settings_hash(index_settings(corpus, cfg.format, cfg.max_seq_length, cfg.short_seq_prob,
+                                               self.seed, cfg.pack_doc_sentences))
+            self.builders.append(SampleBuilder(corpus, index, cfg.format, cfg.max_seq_length, tokenizer.cls_id,
+                                               tokenizer.sep_id, cfg.nsp_negative_prob))
+            self.orders.append(EpochOrder(len(index), self.seed + 7919 * c, cache, key=key,
+                                          shuffle=split == "train"))
+        self.blend = Blend([spec.weight for spec in specs], cfg.blend_period)
+        self.masker = Masker(cfg.masking, vocab, tokenizer.mask_id, tokenizer.special_ids,
+                             getattr(tokenizer, "word_start", None))
+
+    def __len__(self) -> int:
+        return sum(len(b.index) for b in self.builders)
+
+    def locate(self, position: int) -> tuple[int, int, int]:
+        """(corpus, epoch, sample id) read at a global stream position."""
+        c, local = self.blend(position)
+        epoch, sample_id = self.orders[c](local)
+        return c, epoch, sample_id
+
+    def __getitem__(self, position: int) -> dict:
+        c, epoch, sample_id = self.locate(position)
+        return self.build(c, epoch, sample_id)
+
+    def build(self, corpus: int, epoch: int, sample_id: int) -> dict:
+        masking = self.cfg.masking
+        view_epoch = epoch if masking.dynamic else epoch % masking.dupe_factor
+        rng = sample_rng(self.seed, corpus, view_epoch, sample_id)
+        sample = self.builders[corpus](sample_id, rng)
+        masked = self.masker(sample["tokens"], rng)
+        out = {"input_ids": masked.input_ids, "token_type_ids": sample["token_types"],
+               "mlm_positions": masked.positions.astype(np.int32), "mlm_labels": masked.labels.astype(np.int32)}
+        if "sentence_label" in sample:
+            out["sentence_label"] = sample["sentence_label"]
+        if "pack_ids" in sample:
+            out["pack_ids"] = sample["pack_ids"]
+        return out
