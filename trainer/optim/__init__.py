@@ -1,1 +1,98 @@
+"""Optimizers for the trainer: ``OptimConfig`` (the ``optim`` config section) and ``build_optimizer``.
 
+``adamw`` is torch's AdamW on CPU (DeepSpeed's ``cpu_adam``/``fused_adam`` would each spend ~75 s compiling a native op
+on first use, and torch's is bit-reproducible across a resume) and DeepSpeed's FusedAdam on GPU (through
+``trainer.engine``, the one module that imports deepspeed). ``lamb`` is ``trainer/optim/lamb.py``.
+
+Every optimizer we hand to DeepSpeed skips a step whose gradients are not finite and says so in ``.overflow``: the
+engine reads that attribute to count the step as skipped and hold the lr schedule. DeepSpeed's ZeRO and bf16/fp16
+wrappers already do this; without ZeRO in fp32 the engine calls our optimizer directly, so the guard lives here.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class OptimConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    name: Literal["adamw", "lamb"] = "adamw"
+    lr: float = Field(gt=0)
+    """Peak learning rate (reached at the end of warmup)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(default=1e-6, gt=0)
+    weight_decay: float = Field(default=0.01, ge=0)
+    """Decoupled weight decay; never applied to biases or LayerNorm weights."""
+    grad_clip: float = Field(default=1.0, ge=0)
+    """Clip the global gradient norm to this (0 = off); passed to DeepSpeed as gradient_clipping."""
+    bias_correction: bool = True
+    """LAMB only: Adam-style bias correction of the moments (the NVIDIA reference keeps it on)."""
+    max_trust_ratio: float | None = Field(default=None, gt=0)
+    """LAMB only: clip the trust ratio ||w|| / ||update|| to this (None = no clipping, as in ALBERT)."""
+
+
+class NonFiniteGuard:
+    """Mixin: skip ``step()`` when any gradient is NaN/Inf and set ``self.overflow`` (read by DeepSpeed's engine).
+
+    Costs one ``_foreach_norm`` over the gradients and one host sync per step.
+    """
+
+    overflow = False
+
+    def step(self, closure=None):
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        if grads:
+            total = torch.stack([n.float() for n in torch._foreach_norm(grads)]).sum()
+            self.overflow = not bool(torch.isfinite(total))  # note: a host sync point
+        else:
+            self.overflow = False
+        if self.overflow:
+            return None
+        return super().step(closure)
+
+
+class GuardedAdamW(NonFiniteGuard, torch.optim.AdamW):
+    pass
+
+
+def _is_no_decay(name: str, param: torch.nn.Parameter) -> bool:
+    # Biases and LayerNorm weights (1-D tensors) get no weight decay, as in BERT's reference optimizer.
+    lname = name.lower()
+    return param.ndim < 2 or "layernorm" in lname or "layer_norm" in lname or lname.endswith(".bias")
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float, mark_trust_ratio: bool = False) -> list[dict]:
+    """Two groups: decayed matrices and non-decayed biases / LayerNorm weights (shared parameters listed once)."""
+    decay, no_decay, seen = [], [], set()
+    for name, param in model.named_parameters():
+        if not param.requires_grad or id(param) in seen:
+            continue
+        seen.add(id(param))
+        (no_decay if _is_no_decay(name, param) else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if mark_trust_ratio:
+        groups[1]["exclude_from_trust_ratio"] = True
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str = "cpu") -> torch.optim.Optimizer:
+    """The optimizer named by ``cfg`` over ``model``'s parameters, wrapped with the non-finite guard."""
+    if cfg.name == "adamw":
+        groups = param_groups(model, cfg.weight_decay)
+        if device.startswith("cuda"):
+            from trainer.engine import fused_adam_class
+            cls = type("GuardedFusedAdam", (NonFiniteGuard, fused_adam_class()), {})
+            return cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                       adam_w_mode=True)
+        return GuardedAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    from trainer.optim import lamb  # the LAMB issue's module (plain and ZeRO-aware)
+    groups = param_groups(model, cfg.weight_decay, mark_trust_ratio=True)
+    cls = type("GuardedLamb", (NonFiniteGuard, lamb.Lamb), {})
+    kwargs = dict(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                  bias_correction=cfg.bias_correction)
+    if cfg.max_trust_ratio is not None:
+        kwargs["max_trust_ratio"] = cfg.max_trust_ratio
+    return cls(groups, **kwargs)

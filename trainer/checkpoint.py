@@ -1,0 +1,224 @@
+"""Atomic checkpoints: DeepSpeed's engine checkpoint plus our state, a ``latest`` pointer, keep-last-K, resume.
+
+Layout (DESIGN.md "Checkpoints")::
+
+    RUN_DIR/checkpoints/global_step200/     DeepSpeed's files (tag global_step200), written by every rank
+                        global_step200/rng_rank{r}.pt   each rank's RNG states
+                        global_step200/bertfamily.json  step, consumed samples, world size, config; written LAST
+                        global_step200/universal/       DeepSpeed universal form, made on demand for a new world size
+                        latest                          "global_step200", replaced atomically after all ranks finished
+
+A checkpoint is complete iff its ``bertfamily.json`` exists; that file is written by rank 0 after a barrier that
+every rank reaches only after its own shards are on disk, and then ``latest`` moves (write a temp file, then
+``os.replace``, which is atomic on POSIX). A kill at any point of a save therefore leaves ``latest`` naming the
+previous complete checkpoint, and ``--resume auto`` never picks a half-written one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+STATE_FILE = "bertfamily.json"
+LATEST = "latest"
+UNIVERSAL = "universal"
+_TAG = re.compile(r"^global_step(\d+)$")
+
+
+def tag_for(step: int) -> str:
+    return f"global_step{step}"
+
+
+def step_of(tag: str) -> int | None:
+    m = _TAG.match(tag)
+    return int(m.group(1)) if m else None
+
+
+def is_complete(tag_dir: Path) -> bool:
+    return (Path(tag_dir) / STATE_FILE).is_file()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_state(tag_dir: Path) -> dict:
+    return json.loads((Path(tag_dir) / STATE_FILE).read_text())
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(step_of(p.name), p) for p in root.iterdir() if p.is_dir() and step_of(p.name) is not None]
+    return [p for s, p in sorted(found) if is_complete(p)]
+
+
+def find_latest(root: Path) -> Path | None:
+    """The ``latest`` pointer if it names a complete checkpoint, else the newest complete one, else None."""
+    root = Path(root)
+    pointer = root / LATEST
+    if pointer.is_file():
+        tag_dir = root / pointer.read_text().strip()
+        if is_complete(tag_dir):
+            return tag_dir
+    done = complete_checkpoints(root)
+    return done[-1] if done else None
+
+
+def resolve_resume(root: Path, resume: str) -> Path | None:
+    """``--resume auto|none|PATH`` -> the checkpoint folder to load, or None for a fresh start."""
+    if resume == "none":
+        return None
+    if resume == "auto":
+        return find_latest(root)
+    path = Path(resume)
+    if (path / LATEST).is_file() or (path.is_dir() and not is_complete(path) and step_of(path.name) is None):
+        found = find_latest(path)
+        if found is None:
+            raise FileNotFoundError(f"--resume {resume}: no complete checkpoint under it")
+        return found
+    if not is_complete(path):
+        raise FileNotFoundError(f"--resume {resume}: not a complete checkpoint (no {STATE_FILE}); "
+                                "a save was interrupted there; use --resume auto to take the newest complete one")
+    return path
+
+
+# --- RNG ---------------------------------------------------------------------------------------------------------
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+# --- save / restore ----------------------------------------------------------------------------------------------
+
+@dataclass
+class TrainState:
+    """What the trainer adds to DeepSpeed's checkpoint. ``consumed_samples`` is the data position."""
+    step: int = 0
+    consumed_samples: int = 0
+    skipped_steps: int = 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_size: int, keep_last: int) -> Path:
+    """Collective: every rank calls this at the same step. Returns the checkpoint folder."""
+    root = Path(root)
+    tag = tag_for(state.step)
+    tag_dir = root / tag
+    if is_complete(tag_dir):
+        return tag_dir  # this step is already saved (e.g. a preemption right after a periodic save)
+    if rank == 0 and tag_dir.exists():
+        shutil.rmtree(tag_dir)  # debris of an interrupted save of this very step (never complete: it is not latest)
+    _barrier()
+    engine.save(root, tag, client_state={"bertfamily_step": state.step})
+    torch.save(rng_state(), tag_dir / f"rng_rank{rank}.pt")
+    _barrier()  # every rank's shards are on disk
+    if rank == 0:
+        record = {"format": "bertfamily-checkpoint", "version": 1, "step": state.step,
+                  "consumed_samples": state.consumed_samples, "skipped_steps": state.skipped_steps,
+                  "world_size": world_size, "zero_stage": engine.zero_stage, "time": time.time(), "config": config}
+        _atomic_write_text(tag_dir / STATE_FILE, json.dumps(record, indent=1))
+        _atomic_write_text(root / LATEST, tag)
+        prune(root, keep_last)
+    _barrier()
+    return tag_dir
+
+
+def prune(root: Path, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` complete checkpoints, and incomplete ones older than the newest."""
+    done = complete_checkpoints(root)
+    for old in done[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    if done:
+        newest = step_of(done[-1].name)
+        for p in Path(root).iterdir():
+            s = step_of(p.name)
+            if p.is_dir() and s is not None and s < newest and not is_complete(p):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def needs_universal(tag_dir: Path, world_size: int) -> bool:
+    """ZeRO-partitioned optimizer state saved on another world size must go through the universal format."""
+    saved = read_state(tag_dir)
+    return saved["zero_stage"] > 0 and saved["world_size"] != world_size
+
+
+def prepare_universal(tag_dir: Path, rank: int) -> Path:
+    """Collective: rank 0 converts ``tag_dir`` once (kept beside it for later restarts); returns the folder."""
+    from trainer.engine import convert_to_universal
+    out = Path(tag_dir) / UNIVERSAL
+    if rank == 0 and not (out / ".complete").exists():
+        tmp = Path(tag_dir) / f".{UNIVERSAL}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+        convert_to_universal(tag_dir, tmp)
+        (tmp / ".complete").write_text("")
+        os.replace(tmp, out)
+    _barrier()
+    return out
+
+
+def restore_rng(tag_dir: Path, rank: int, world_size: int, seed: int, step: int) -> None:
+    """Same world size: each rank continues its own RNG stream. Otherwise: a fresh stream from (seed, step, rank)
+    (samples do not depend on it, only dropout does)."""
+    saved = read_state(tag_dir)
+    path = Path(tag_dir) / f"rng_rank{rank}.pt"
+    if saved["world_size"] == world_size and path.exists():
+        set_rng_state(torch.load(path, map_location="cpu", weights_only=False))
+    else:
+        seed_everything(seed + 1_000_003 * step + rank)
+
+
+# --- export ------------------------------------------------------------------------------------------------------
+
+def load_model_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """Consolidated fp32 weights (keys of the objective's model module) and the resolved config dict.
+
+    ``ckpt_dir`` is one checkpoint (``.../global_stepN``) or a checkpoints folder (its newest complete one).
+    """
+    from trainer.engine import consolidated_fp32_state_dict
+    path = Path(ckpt_dir)
+    if not is_complete(path):
+        found = find_latest(path)
+        if found is None:
+            raise FileNotFoundError(f"{ckpt_dir}: not a complete checkpoint and holds none")
+        path = found
+    state = consolidated_fp32_state_dict(path.parent, path.name)
+    return state, read_state(path)["config"]

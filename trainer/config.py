@@ -1,0 +1,314 @@
+"""The typed run config: YAML -> one pydantic model per concern, validated before any process does real work.
+
+Sections owned elsewhere (``model``, ``data``, ``objective``) are defined next to their code and composed here by
+``run_config_model()``; the sections the trainer owns (``train``, ``optim``, ``schedule``, ``checkpoint``,
+``logging``, ``deepspeed``) are defined below or in ``trainer/optim``. Every model forbids unknown keys, so a typo
+fails with the key's dotted path instead of being silently ignored.
+
+Usage::
+
+    cfg = load_config("trainer/recipes/tiny_roberta.yaml", overrides=["optim.lr=4e-4"], world_size=2)
+"""
+from __future__ import annotations
+
+import importlib
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from trainer.optim import OptimConfig
+from trainer.optim.schedules import ScheduleConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+
+# Where the sections that other packages own live ("module:attribute"). A test can compose stand-ins by passing
+# its own mapping to run_config_model().
+SECTION_MODELS = {
+    "model": "trainer.models:ModelConfig",
+    "data": "trainer.data:DataConfig",
+    "objective": "trainer.objectives:ObjectiveConfig",
+}
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the file, the dotted key and what to do."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TrainConfig(_Section):
+    steps: int = Field(gt=0)
+    """Optimizer steps of the whole run (the schedule decays to its end value at this step)."""
+    global_batch_size: int = Field(gt=0)
+    """Sequences per optimizer step over all ranks (RoBERTa: 8192)."""
+    micro_batch_size: int = Field(gt=0)
+    """Sequences per forward/backward on one rank."""
+    gradient_accumulation_steps: int | None = Field(default=None, gt=0)
+    """None = computed as global / (micro x data-parallel size); if given, the product must match exactly."""
+    eval_every: int = Field(default=0, ge=0)
+    """Evaluate on the held-out split every N steps (0 = never)."""
+    eval_batches: int = Field(default=4, gt=0)
+    """Micro-batches per rank in one evaluation."""
+    max_nonfinite_in_a_row: int = Field(default=5, gt=0)
+    """Stop the run after this many consecutive steps whose loss or gradient was NaN/Inf (each one is skipped)."""
+
+
+class CheckpointConfig(_Section):
+    every_steps: int = Field(default=1000, ge=0)
+    """Save every N steps (0 = only at the end and on preemption)."""
+    keep_last: int = Field(default=3, gt=0)
+    """Complete checkpoints kept; older ones are deleted after a newer one is complete."""
+    dir: str | None = None
+    """None = RUN_DIR/checkpoints."""
+    save_at_end: bool = True
+
+
+class LoggingConfig(_Section):
+    every_steps: int = Field(default=10, gt=0)
+    """Console, TensorBoard and metrics.jsonl get one record every N steps."""
+    tensorboard: bool = True
+    progress_bar: bool = True
+    peak_tflops: float | None = Field(default=None, gt=0)
+    """Per-rank peak for MFU. None = measure a fp32 matmul on this device once at start-up (~0.3 s)."""
+
+
+class DeepSpeedConfig(_Section):
+    config: str = "ds_configs/zero2.json"
+    """DeepSpeed JSON (relative to the repo root or absolute). Batch sizes, optimizer, scheduler, precision and
+    clipping are filled in by the trainer; do not set them in the JSON."""
+    zero_stage: Literal[0, 1, 2, 3] | None = None
+    """Overrides zero_optimization.stage of the JSON (None = keep the JSON's)."""
+    precision: Literal["fp32", "bf16", "fp16"] | None = None
+    """None = what the JSON enables (its bf16/fp16 blocks), fp32 if neither. fp32 on CPU (bf16 matmul is ~250x
+    slower there); bf16 on GPUs that have it; fp16 uses dynamic loss scaling. Must not contradict the JSON."""
+    timeout_minutes: float = Field(default=10.0, gt=0)
+    """Collective timeout: a dead rank fails the others after this long instead of hanging the job."""
+
+
+def _import(ref: str):
+    module, attr = ref.split(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"config section model {ref} is not available ({err}); is that package installed?") from err
+
+
+@lru_cache(maxsize=None)
+def _cached_model(refs: tuple[tuple[str, str], ...]):
+    sections = {name: (_import(ref), ...) for name, ref in refs}
+    return _compose(sections)
+
+
+def _compose(sections: dict[str, tuple[type, Any]]) -> type[BaseModel]:
+    model = create_model(
+        "RunConfig",
+        __config__=ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=()),
+        run_dir=(str, ...),
+        seed=(int, 1234),
+        train=(TrainConfig, ...),
+        optim=(OptimConfig, ...),
+        schedule=(ScheduleConfig, ScheduleConfig()),
+        checkpoint=(CheckpointConfig, CheckpointConfig()),
+        logging=(LoggingConfig, LoggingConfig()),
+        deepspeed=(DeepSpeedConfig, DeepSpeedConfig()),
+        recipe=(str | None, None),
+        **sections,
+    )
+    return model
+
+
+def run_config_model(section_models: dict[str, str | type] | None = None) -> type[BaseModel]:
+    """The RunConfig pydantic class composed of every package's section model (refs or classes)."""
+    refs = dict(SECTION_MODELS, **(section_models or {}))
+    if all(isinstance(v, str) for v in refs.values()):
+        return _cached_model(tuple(sorted(refs.items())))
+    return _compose({k: ((_import(v) if isinstance(v, str) else v), ...) for k, v in refs.items()})
+
+
+# --- YAML, recipes and --set overrides ---------------------------------------------------------------------------
+
+def resolve_recipe(name_or_path: str) -> Path:
+    """A recipe name (``tiny_roberta``) or a YAML path."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        return path
+    candidate = RECIPES_DIR / f"{name_or_path}.yaml"
+    if candidate.exists():
+        return candidate
+    known = ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+    raise ConfigError(f"config {name_or_path!r}: no such file and no recipe of that name (recipes: {known})")
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """Read a YAML config; ``base: other_recipe`` inherits from another recipe (deep-merged, this file wins)."""
+    if path in seen:
+        raise ConfigError(f"{path}: 'base' chain loops back to itself")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    return deep_merge(_read_yaml(resolve_recipe(base), seen + (path,)), raw)
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def apply_override(raw: dict, override: str) -> None:
+    """``optim.lr=4e-4`` sets raw['optim']['lr']; the value is parsed as YAML and typed later by the schema."""
+    if "=" not in override:
+        raise ConfigError(f"--set {override!r}: expected KEY=VALUE, e.g. --set optim.lr=4e-4")
+    key, value = override.split("=", 1)
+    parts = key.strip().split(".")
+    node = raw
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: {part!r} is a value, not a section")
+    node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+
+
+def _resolve_model_preset(raw: dict) -> None:
+    """``model: {preset: roberta-base, dropout: 0.0}`` -> the full ModelConfig fields from the presets table."""
+    model = raw.get("model")
+    if isinstance(model, dict) and "preset" in model:
+        model = dict(model)
+        name = model.pop("preset")
+        try:
+            from trainer.models import get_preset
+        except ImportError as err:
+            raise ConfigError(f"model.preset={name!r} needs trainer.models.get_preset ({err})") from err
+        try:
+            preset = get_preset(name, **model)
+        except (KeyError, ValueError, TypeError) as err:
+            raise ConfigError(f"model.preset={name!r}: {err}") from err
+        raw["model"] = preset.model_dump() if hasattr(preset, "model_dump") else dict(preset)
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid config ({err.error_count()} error(s)):"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        hint = " (unknown key: check its spelling, or remove it)" if e["type"] == "extra_forbidden" else ""
+        given = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {e.get('input')!r})"
+        lines.append(f"  {key}: {e['msg']}{given}{hint}")
+    return "\n".join(lines)
+
+
+def validate_batch(cfg, world_size: int) -> int:
+    """Check global = micro x accumulation x data-parallel size; returns the accumulation steps to use."""
+    t = cfg.train
+    per_step = t.micro_batch_size * world_size
+    if t.gradient_accumulation_steps is None:
+        if t.global_batch_size % per_step:
+            raise ConfigError(
+                f"train.global_batch_size={t.global_batch_size} is not a multiple of train.micro_batch_size="
+                f"{t.micro_batch_size} x {world_size} data-parallel ranks = {per_step}; change one of them")
+        return t.global_batch_size // per_step
+    if t.micro_batch_size * t.gradient_accumulation_steps * world_size != t.global_batch_size:
+        raise ConfigError(
+            f"train.global_batch_size={t.global_batch_size} != train.micro_batch_size={t.micro_batch_size} x "
+            f"train.gradient_accumulation_steps={t.gradient_accumulation_steps} x {world_size} data-parallel ranks "
+            f"= {per_step * t.gradient_accumulation_steps}; fix one, or set gradient_accumulation_steps: null "
+            "to have it computed")
+    return t.gradient_accumulation_steps
+
+
+def load_config(path_or_name: str, overrides: list[str] | tuple[str, ...] = (), world_size: int | None = None,
+                section_models: dict[str, str | type] | None = None):
+    """Read, merge, override and validate a run config; ``world_size`` also checks the batch arithmetic."""
+    path = resolve_recipe(path_or_name)
+    raw = _read_yaml(path)
+    for override in overrides:
+        apply_override(raw, override)
+    raw.setdefault("recipe", path.stem)
+    return config_from_dict(raw, source=str(path), world_size=world_size, section_models=section_models)
+
+
+def config_from_dict(raw: dict, source: str = "config", world_size: int | None = None,
+                     section_models: dict[str, str | type] | None = None):
+    raw = dict(raw)
+    _resolve_model_preset(raw)
+    model_cls = run_config_model(section_models)
+    try:
+        cfg = model_cls.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+    ds_path = ds_config_path(cfg)
+    if not ds_path.exists():
+        raise ConfigError(f"{source}: deepspeed.config: {ds_path} does not exist (see ds_configs/)")
+    try:
+        precision(cfg)
+    except ValueError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    _check_objective_data(cfg, source)
+    if world_size is not None:
+        try:
+            validate_batch(cfg, world_size)
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {err}") from None
+    return cfg
+
+
+def _check_objective_data(cfg, source: str) -> None:
+    """The objective says which sample format it needs; a mismatch with data fails here, not at step 1."""
+    try:
+        from trainer.objectives import check_data_requirements
+    except ImportError:
+        return  # the objectives package does not offer the check (yet); it then fails at build time instead
+    try:
+        check_data_requirements(cfg.objective, cfg.data)
+    except ValueError as err:
+        raise ConfigError(f"{source}: objective/data mismatch: {err}") from None
+
+
+def ds_config_path(cfg) -> Path:
+    path = Path(cfg.deepspeed.config)
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+def read_ds_json(cfg) -> dict:
+    path = ds_config_path(cfg)
+    try:
+        ds = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"deepspeed.config: {path} is not valid JSON: {err}") from None
+    if not isinstance(ds, dict):
+        raise ValueError(f"deepspeed.config: {path} must hold a JSON object")
+    return ds
+
+
+def precision(cfg) -> str:
+    """fp32 | bf16 | fp16: deepspeed.precision if set, else what the JSON enables; a contradiction is an error."""
+    ds = read_ds_json(cfg)
+    enabled = [p for p in ("bf16", "fp16") if ds.get(p, {}).get("enabled")]
+    if len(enabled) > 1:
+        raise ValueError(f"deepspeed.config: {ds_config_path(cfg)} enables both bf16 and fp16")
+    from_json = enabled[0] if enabled else "fp32"
+    wanted = cfg.deepspeed.precision
+    if wanted is not None and enabled and wanted != from_json:
+        raise ValueError(f"deepspeed.precision={wanted} but {ds_config_path(cfg)} enables {from_json}; "
+                         "drop one of them")
+    return wanted or from_json
+
+
+def checkpoint_dir(cfg) -> Path:
+    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(cfg.run_dir) / "checkpoints"

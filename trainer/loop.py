@@ -1,0 +1,231 @@
+"""The training loop: ``train()`` -> ``train_step()`` -> one forward/backward per micro-batch, DeepSpeed steps.
+
+Per optimizer step every rank runs ``gradient_accumulation_steps`` micro-batches, then ONE all-reduce of a small
+vector carries the loss and metric sums, the token count, the non-finite count and the preemption flag, so logging,
+the NaN guard and the "save now" decision cost no extra collective and every rank agrees on them.
+
+Exit statuses of a run (``trainer/pretrain.py`` returns them): see ``EXIT_*`` below.
+"""
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from trainer import checkpoint
+from trainer.metrics import MetricsLogger
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CONFIG = 2
+"""The config is invalid (nothing was launched)."""
+EXIT_NONFINITE = 3
+"""Stopped after train.max_nonfinite_in_a_row consecutive NaN/Inf steps (the last good checkpoint is intact)."""
+EXIT_REQUEUE = 75
+"""Preempted (SIGTERM/SIGUSR1): a checkpoint was saved; run the same command again with --resume auto.
+75 is EX_TEMPFAIL from sysexits.h ("temporary failure; the user is invited to retry")."""
+
+
+@dataclass
+class Components:
+    """What the loop needs from the model, objective and data packages (built by ``pretrain.build_components``)."""
+    model: torch.nn.Module
+    loss: Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+    """objective.loss(model, batch) -> (loss, metrics)."""
+    train_batches: Callable[[int], Iterator[dict]]
+    """consumed_samples -> this rank's micro-batches from that global position on (DESIGN.md "Samples")."""
+    eval_batches: Callable[[], Iterable[dict]] | None = None
+    """This rank's held-out micro-batches (the same ones at every evaluation)."""
+    seq_len: int = 128
+    num_layers: int = 0
+    hidden: int = 0
+
+
+@dataclass
+class StepResult:
+    loss: float
+    metrics: dict[str, float]
+    tokens: int
+    nonfinite: bool
+    preempt: bool
+    seconds: float
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+class PreemptionFlag:
+    """SIGTERM / SIGUSR1 set a flag; the loop saves at the next step boundary (a handler must not do work)."""
+
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR1)):
+        self.requested = False
+        self.signum = None
+        for sig in signals:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+        self.signum = signum
+
+
+def _to_device(batch: dict, device) -> dict:
+    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
+@dataclass
+class Trainer:
+    cfg: object
+    engine: object
+    comps: Components
+    state: checkpoint.TrainState
+    rank: int
+    world_size: int
+    grad_accum: int
+    metrics: MetricsLogger
+    preempt: PreemptionFlag
+    flops_per_token: float = 0.0
+    peak_flops: float = 0.0
+    recent_losses: list = field(default_factory=list)
+
+    # --- one step -----------------------------------------------------------------------------------------------
+
+    def train_step(self, batches: Iterator[dict]) -> StepResult:
+        start = time.perf_counter()
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        metric_sums: dict[str, torch.Tensor] = {}
+        tokens = 0
+        for _ in range(self.grad_accum):
+            batch = _to_device(next(batches), self.engine.device)
+            tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+            loss, metrics = self.engine(self.comps.loss, batch)
+            self.engine.backward(loss)
+            self.engine.step()  # DeepSpeed applies the update only at the accumulation boundary
+            loss_sum += loss.detach().double().cpu()
+            for k, v in metrics.items():
+                metric_sums[k] = metric_sums.get(k, 0.0) + torch.as_tensor(v).detach().double().cpu()
+        keys = sorted(metric_sums)
+        # One collective for everything the ranks must agree on. note: a CPU-device sync point.
+        packed = torch.stack([loss_sum, *(metric_sums[k] for k in keys), torch.tensor(float(tokens), dtype=torch.float64),
+                              torch.tensor(float(not self.engine.step_applied()), dtype=torch.float64),
+                              torch.tensor(float(self.preempt.requested), dtype=torch.float64)])
+        if dist.is_initialized() and self.world_size > 1:
+            dist.all_reduce(packed)
+        n = self.grad_accum * self.world_size
+        loss = float(packed[0]) / n
+        metrics = {k: float(packed[1 + i]) / n for i, k in enumerate(keys)}
+        skipped = packed[-2] > 0 or not math.isfinite(loss)
+        return StepResult(loss=loss, metrics=metrics, tokens=int(packed[-3]), nonfinite=bool(skipped),
+                          preempt=bool(packed[-1] > 0), seconds=time.perf_counter() - start)
+
+    # --- evaluation ---------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.engine.train(False)
+        sums: dict[str, torch.Tensor] = {}
+        count = 0
+        for i, batch in enumerate(self.comps.eval_batches()):
+            if i >= self.cfg.train.eval_batches:
+                break
+            loss, metrics = self.engine(self.comps.loss, _to_device(batch, self.engine.device))
+            for k, v in {"loss": loss, **metrics}.items():
+                sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).double().cpu()
+            count += 1
+        self.engine.train(True)
+        keys = sorted(sums)
+        packed = torch.stack([*(sums[k] for k in keys), torch.tensor(float(count), dtype=torch.float64)])
+        if dist.is_initialized() and self.world_size > 1:
+            dist.all_reduce(packed)
+        return {k: float(packed[i] / packed[-1]) for i, k in enumerate(keys)}
+
+    # --- the run ------------------------------------------------------------------------------------------------
+
+    def save(self) -> Path:
+        return checkpoint.save(self.engine, checkpoint_root(self.cfg), self.state, self.cfg.model_dump(mode="json"),
+                               self.rank, self.world_size, self.cfg.checkpoint.keep_last)
+
+    def _nonfinite(self, result: StepResult, in_a_row: int) -> None:
+        self.state.skipped_steps += 1
+        self.metrics.message(f"step {self.state.step}: non-finite loss or gradient (loss={result.loss}); step "
+                             f"skipped ({in_a_row} in a row, {self.state.skipped_steps} in this run)")
+        limit = self.cfg.train.max_nonfinite_in_a_row
+        if in_a_row >= limit:
+            raise NonFiniteLossError(
+                f"stopping at step {self.state.step}: {in_a_row} steps in a row had a NaN/Inf loss or gradient "
+                f"(train.max_nonfinite_in_a_row={limit}). Losses of the last steps: {self.recent_losses[-limit-3:]}. "
+                "What to try: lower optim.lr or lengthen schedule.warmup_steps; keep optim.grad_clip on (1.0); use "
+                "bf16 rather than fp16; check the data near this step (consumed_samples="
+                f"{self.state.consumed_samples}); resume from the last checkpoint with --resume auto.")
+
+    def train(self) -> int:
+        cfg, state = self.cfg, self.state
+        batches = self.comps.train_batches(state.consumed_samples)
+        last_saved = state.step
+        in_a_row = 0
+        window_tokens, window_time, window_steps = 0, 0.0, 0
+        while state.step < cfg.train.steps:
+            lr = self.engine.lr()
+            result = self.train_step(batches)
+            state.step += 1
+            state.consumed_samples += cfg.train.global_batch_size
+            self.recent_losses = (self.recent_losses + [result.loss])[-20:]
+            in_a_row = in_a_row + 1 if result.nonfinite else 0
+            if result.nonfinite:
+                self._nonfinite(result, in_a_row)
+            window_tokens += result.tokens
+            window_time += result.seconds
+            window_steps += 1
+            self.metrics.advance(1, result.loss)
+            if state.step % cfg.logging.every_steps == 0 or state.step == cfg.train.steps:
+                self._log(result, lr, window_tokens, window_time, window_steps)
+                window_tokens, window_time, window_steps = 0, 0.0, 0
+            if cfg.train.eval_every and self.comps.eval_batches and state.step % cfg.train.eval_every == 0:
+                self.metrics.log(state.step, self.evaluate(), split="eval")
+            if result.preempt:
+                self.save()
+                self.metrics.message(f"preempted at step {state.step}: checkpoint saved; exiting with status "
+                                     f"{EXIT_REQUEUE} (requeue and run again with --resume auto)")
+                write_status(cfg, self.rank, "preempted", state.step)
+                return EXIT_REQUEUE
+            if cfg.checkpoint.every_steps and state.step % cfg.checkpoint.every_steps == 0:
+                self.save()
+                last_saved = state.step
+        if cfg.checkpoint.save_at_end and last_saved != state.step:
+            self.save()
+        write_status(cfg, self.rank, "completed", state.step)
+        return EXIT_OK
+
+    def _log(self, result: StepResult, lr: float, tokens: int, seconds: float, steps: int) -> None:
+        seconds = max(seconds, 1e-9)
+        record = {"loss": result.loss, "lr": lr, "tokens_per_s": tokens / seconds,
+                  "samples_per_s": steps * self.cfg.train.global_batch_size / seconds,
+                  "grad_norm": self.engine.grad_norm(), "loss_scale": self.engine.loss_scale(),
+                  "consumed_samples": self.state.consumed_samples, "skipped": self.state.skipped_steps}
+        if self.flops_per_token and self.peak_flops:
+            record["mfu"] = self.flops_per_token * tokens / seconds / (self.peak_flops * self.world_size)
+        record.update(result.metrics)
+        self.metrics.log(self.state.step, record)
+
+
+def checkpoint_root(cfg) -> Path:
+    from trainer.config import checkpoint_dir
+    return checkpoint_dir(cfg)
+
+
+def write_status(cfg, rank: int, status: str, step: int, message: str = "") -> None:
+    """RUN_DIR/status.json: what the last run of this folder did (for job scripts whose launcher masks exit codes)."""
+    if rank != 0:
+        return
+    path = Path(cfg.run_dir) / "status.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"status": status, "step": step, "message": message, "time": time.time()}))
+    tmp.replace(path)

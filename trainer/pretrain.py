@@ -1,0 +1,177 @@
+"""Pretrain a model of the BERT family: parse, validate, build, train.
+
+Launch it any of these ways (same result)::
+
+    python -m trainer.pretrain --config tiny_roberta                   # one process: makes its own 1-rank group
+    torchrun --nproc_per_node 2 trainer/pretrain.py --config tiny_roberta
+    deepspeed --num_gpus 2 trainer/pretrain.py --config tiny_roberta
+    mpirun -np 2 python trainer/pretrain.py --config tiny_roberta     # DeepSpeed discovers the MPI environment
+
+Options: ``--set KEY=VALUE`` (any config key, repeatable, typed by the schema), ``--resume auto|none|PATH``
+(default auto: the newest complete checkpoint of the run, if any), ``--check`` (validate and print the resolved
+config; imports neither deepspeed nor the model).
+
+Exit status: 0 done; 1 error; 2 invalid config (before anything was launched); 3 stopped by the NaN/Inf guard;
+75 preempted by SIGTERM/SIGUSR1 after saving a checkpoint: requeue and run the same command (``--resume auto``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Callable
+
+if __package__ in (None, ""):  # run as a script (torchrun trainer/pretrain.py): make `import trainer` work
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer.config import ConfigError, checkpoint_dir, load_config, precision, validate_batch  # noqa: E402
+from trainer.log import print0  # noqa: E402
+from trainer.loop import (EXIT_CONFIG, EXIT_ERROR, EXIT_NONFINITE, Components, NonFiniteLossError,  # noqa: E402
+                          PreemptionFlag, Trainer, write_status)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="trainer.pretrain", description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, help="a recipe name (tiny_roberta) or a YAML file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set optim.lr=4e-4 --set run_dir=runs/x")
+    p.add_argument("--resume", default="auto", help="auto (newest complete checkpoint, or a fresh start), none, or "
+                                                     "a checkpoint folder")
+    p.add_argument("--check", action="store_true", help="validate the config, print it resolved, and exit")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
+    return p.parse_args(argv)
+
+
+def launcher_world_size() -> int:
+    """Ranks the launcher started (torchrun/deepspeed: WORLD_SIZE; mpirun: OMPI_COMM_WORLD_SIZE; PMI), else 1."""
+    for key in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 1
+
+
+def build_components(cfg, rank: int, world_size: int, device: str) -> Components:
+    """The real model, objective and data loader for ``cfg`` (trainer/models, trainer/objectives, trainer/data)."""
+    from data_prep.manifest import read_manifest
+    from data_prep.tokenizer import load_tokenizer
+    from trainer.data.loader import build_pretraining_loader
+    from trainer.objectives import get_objective
+
+    objective = get_objective(cfg.objective)
+    model = objective.build_model(cfg.model)
+    manifest = read_manifest(cfg.data.corpora[0].prefix)
+    tokenizer = load_tokenizer(manifest["tokenizer"]["path"])
+    total = cfg.train.steps * cfg.train.global_batch_size
+
+    def train_batches(consumed_samples: int):
+        loader, _ = build_pretraining_loader(cfg.data, tokenizer, cfg.seed, consumed_samples,
+                                             cfg.train.global_batch_size, cfg.train.micro_batch_size, rank,
+                                             world_size, total_samples=total, split="train")
+        return iter(loader)
+
+    def eval_batches():
+        per_eval = cfg.train.eval_batches * cfg.train.micro_batch_size * world_size
+        loader, _ = build_pretraining_loader(cfg.data, tokenizer, cfg.seed, 0, per_eval, cfg.train.micro_batch_size,
+                                             rank, world_size, total_samples=per_eval, split="valid")
+        return loader
+
+    return Components(model=model, loss=objective.loss, train_batches=train_batches,
+                      eval_batches=eval_batches if cfg.data.valid_corpora else None,
+                      seq_len=cfg.data.max_seq_length, num_layers=cfg.model.num_layers, hidden=cfg.model.hidden_size)
+
+
+def run(args, cfg, components_factory: Callable) -> int:
+    """Everything after validation: process group, engine, resume, train."""
+    import torch
+
+    from trainer import checkpoint, engine as ds
+    from trainer.metrics import MetricsLogger, measure_peak_flops, model_flops_per_token
+    from trainer.optim import build_optimizer
+    from trainer.optim.schedules import build_scheduler
+
+    preempt = PreemptionFlag()  # before the slow start-up, so an early SIGTERM is not lost
+    rank, world_size = ds.init_distributed(cfg.deepspeed.timeout_minutes)
+    grad_accum = validate_batch(cfg, world_size)
+    device = ds.device_name()
+    root = checkpoint_dir(cfg)
+    resume_dir = checkpoint.resolve_resume(root, args.resume)
+    universal = resume_dir is not None and checkpoint.needs_universal(resume_dir, world_size)
+    if universal:
+        print0(f"resume: {resume_dir.name} was saved on {checkpoint.read_state(resume_dir)['world_size']} ranks; "
+               f"converting to DeepSpeed's universal checkpoint for {world_size}")
+        uni = checkpoint.prepare_universal(resume_dir, rank)
+        load_root, load_tag = uni.parent, uni.name
+    elif resume_dir is not None:
+        load_root, load_tag = resume_dir.parent, resume_dir.name
+
+    checkpoint.seed_everything(cfg.seed)  # identical initial weights on every rank
+    comps = components_factory(cfg, rank, world_size, device)
+    checkpoint.seed_everything(cfg.seed + 1 + rank)  # each rank its own dropout stream
+    optimizer = build_optimizer(cfg.optim, comps.model, device)
+    scheduler = build_scheduler(cfg.schedule, optimizer, cfg.train.steps)
+    ds_config = ds.build_ds_config(cfg, world_size, grad_accum, load_universal=universal)
+    engine = ds.Engine(comps.model, optimizer, scheduler, ds_config, lamb=cfg.optim.name == "lamb")
+
+    state = checkpoint.TrainState()
+    if resume_dir is not None:
+        engine.load(load_root, load_tag)
+        saved = checkpoint.read_state(resume_dir)
+        state = checkpoint.TrainState(step=saved["step"], consumed_samples=saved["consumed_samples"],
+                                      skipped_steps=saved.get("skipped_steps", 0))
+        checkpoint.restore_rng(resume_dir, rank, world_size, cfg.seed, state.step)
+        print0(f"resumed from {resume_dir} at step {state.step} ({state.consumed_samples} samples consumed)")
+
+    peak = (cfg.logging.peak_tflops * 1e12 if cfg.logging.peak_tflops else
+            measure_peak_flops(device, torch.bfloat16 if precision(cfg) == "bf16" and device != "cpu"
+                               else torch.float32))
+    flops = model_flops_per_token(comps.model, comps.seq_len, comps.num_layers, comps.hidden)
+    metrics = MetricsLogger(cfg.run_dir, cfg.logging, rank, cfg.train.steps, state.step)
+    if rank == 0:
+        Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(cfg.run_dir) / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))
+    print0(f"world size {world_size}, ZeRO stage {engine.zero_stage}, micro batch {cfg.train.micro_batch_size} x "
+           f"accumulation {grad_accum} x {world_size} ranks = {cfg.train.global_batch_size} sequences per step")
+    write_status(cfg, rank, "running", state.step)
+    trainer = Trainer(cfg=cfg, engine=engine, comps=comps, state=state, rank=rank, world_size=world_size,
+                      grad_accum=grad_accum, metrics=metrics, preempt=preempt, flops_per_token=flops,
+                      peak_flops=peak)
+    try:
+        return trainer.train()
+    except NonFiniteLossError as err:
+        metrics.message(str(err))
+        write_status(cfg, rank, "nonfinite", state.step, str(err))
+        return EXIT_NONFINITE
+    finally:
+        metrics.close()
+
+
+def main(argv=None, components_factory: Callable | None = None, section_models: dict | None = None) -> int:
+    """``components_factory(cfg, rank, world, device) -> Components`` and ``section_models`` let tests stand in
+    for the model/objective/data packages; by default the real ones are used."""
+    args = parse_args(argv)
+    world_size = launcher_world_size()
+    try:
+        cfg = load_config(args.config, args.set, world_size=world_size, section_models=section_models)
+    except ConfigError as err:
+        print0(f"error: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.check:
+        print0(json.dumps(cfg.model_dump(mode="json"), indent=1))
+        return 0
+    try:
+        return run(args, cfg, components_factory or build_components)
+    except Exception:  # noqa: BLE001  (any rank's failure: say which rank, then exit non-zero so launchers stop)
+        rank = os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+        print(f"rank {rank}: training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        try:
+            write_status(cfg, int(rank), "failed", -1, traceback.format_exc(limit=1))
+        except OSError:
+            pass
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
