@@ -64,10 +64,11 @@ class DataConfig(BaseModel):
     """probability that a sample's target length is drawn uniformly in [2, max] instead of max (BERT)"""
     nsp_negative_prob: float = Field(0.5, ge=0.0, le=1.0)
     """pair formats: probability of a negative (NSP: B from another document; SOP: A and B swapped)"""
-    pack_doc_sentences: bool = True
+    pack_doc_sentences: bool = False
     """doc-sentences: pack short samples (document ends) together into one row up to max_seq_length, with
-    ``pack_ids`` telling the encoder where each packed sample begins, so tokens per batch stay close to
-    full-sentences with fixed micro-batch shapes (see trainer/data/sample_index.py)"""
+    ``pack_ids [B, T]`` (1, 2, ... per packed sample, 0 = padding) so tokens per batch stay close to full-sentences
+    with fixed micro-batch shapes (RoBERTa grows its batch instead, which fixed shapes cannot). Needs an encoder that
+    attends only within equal pack ids (DESIGN.md "Batches"); objectives refuse packed batches until it does."""
     masking: MaskingConfig = Field(default_factory=MaskingConfig)
     pad_to: Literal["batch", "max"] = "batch"
     """pad each batch to its longest row, or always to max_seq_length (fixed shapes, e.g. for compiled graphs)"""
