@@ -1,0 +1,101 @@
+"""ModelConfig: every variant of the encoder (BERT, RoBERTa, ALBERT, ELECTRA, ERNIE) is a value of this one type.
+
+A preset (``presets.py``) is a row of these; the trainer's ``model`` section validates into one; the Hugging Face
+export reads ``family`` to pick the target architecture. Nothing here imports torch, so config validation stays cheap.
+"""
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Family = Literal["bert", "roberta", "albert", "electra", "ernie"]
+Sharing = Literal["none", "all", "attention", "ffn"]
+Activation = Literal["gelu", "gelu_new", "relu"]
+
+
+class ModelConfig(BaseModel):
+    """Shape and switches of one Transformer encoder (post-LayerNorm, learned absolute positions)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vocab_size: int = Field(gt=0)
+    """Rows of the token embedding table (the tokenizer's vocab_size, optionally padded up for GEMM efficiency)."""
+    hidden_size: int = Field(gt=0)
+    """H: width of every Transformer layer."""
+    num_layers: int = Field(gt=0)
+    """L: layers applied (with sharing='all' one layer is stored and applied L times)."""
+    num_heads: int = Field(gt=0)
+    """A: attention heads; hidden_size must be divisible by it."""
+    intermediate_size: int | None = None
+    """Feed-forward width; None = 4 * hidden_size as in all five papers."""
+    embedding_size: int | None = None
+    """E: token embedding width; None = hidden_size. Smaller = ALBERT's factorized embedding (E -> H projection)."""
+    max_position_embeddings: int = Field(default=512, gt=0)
+    """Rows of the learned position table (RoBERTa: 514, because positions start at position_offset = 2)."""
+    type_vocab_size: int = Field(default=2, ge=0)
+    """Segment (token type) embedding rows; 0 = no segment embedding. RoBERTa keeps one row (all zeros ids)."""
+    extra_embeddings: dict[str, int] = Field(default_factory=dict)
+    """Further embedding tables added to the input, name -> rows: ERNIE 2.0 {'task': 3}, ERNIE DLM {'role': 4}.
+    Ids arrive as ``extra_ids[name]``; a missing table's ids default to 0 (as Hugging Face does for task ids)."""
+    segment_alternatives: list[str] = Field(default_factory=list)
+    """Names in extra_embeddings embedded *in place of* the segment embedding when their ids are given, and skipped
+    when not (ERNIE DLM: role embeddings replace segment embeddings, so each is trained only by its own batches)."""
+    dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
+    """Hidden dropout (embeddings, attention output, feed-forward output); ALBERT v2 uses 0."""
+    attention_dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
+    """Dropout on attention probabilities."""
+    layer_norm_eps: float = Field(default=1e-12, gt=0.0)
+    """LayerNorm epsilon (BERT 1e-12, RoBERTa 1e-5)."""
+    hidden_act: Activation = "gelu"
+    """Feed-forward activation: 'gelu' (erf, BERT/RoBERTa/ELECTRA), 'gelu_new' (tanh approximation, ALBERT), 'relu'
+    (ERNIE 1.0)."""
+    sharing: Sharing = "none"
+    """Cross-layer parameter sharing (ALBERT): none | all (one layer stored, applied L times) | attention | ffn."""
+    pad_token_id: int = Field(default=0, ge=0)
+    """Id of the padding token (RoBERTa: 1); its embedding row gets no gradient, as in Hugging Face."""
+    position_offset: int = Field(default=0, ge=0)
+    """First position id of a real token. RoBERTa: pad_token_id + 1 = 2 (fairseq's convention), so that exported
+    position tables line up with Hugging Face's RobertaModel; padding then uses position pad_token_id, as there."""
+    family: Family = "bert"
+    """Which paper's architecture this is; chooses the Hugging Face export target and the heads a preset counts."""
+    initializer_range: float = Field(default=0.02, gt=0.0)
+    """Std of the truncated-free normal init of Linear and Embedding weights (all five papers use 0.02)."""
+    generator_fraction: float | None = Field(default=None, gt=0.0, le=1.0)
+    """ELECTRA only: generator hidden size as a fraction of this (discriminator) model's (paper: small 1/4,
+    base 1/3, large 1/4). The ELECTRA objective may override it; see electra.generator_config."""
+    activation_checkpointing: bool = False
+    """Recompute each layer in backward (torch.utils.checkpoint): saves activation memory for ~30% more compute."""
+    unpad: bool = False
+    """Drop padding tokens before the layers: linear layers see only real tokens; attention runs variable-length
+    (flash-attn or nested tensors on GPU, a padded fallback on CPU). Hidden states at padding positions are 0."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        for name in self.segment_alternatives:
+            if name not in self.extra_embeddings:
+                raise ValueError(f"segment_alternatives names {name!r}, which is not a key of extra_embeddings "
+                                 f"{sorted(self.extra_embeddings)}: add it there with its table size")
+        for name, rows in self.extra_embeddings.items():
+            if rows <= 0:
+                raise ValueError(f"extra_embeddings[{name!r}] = {rows}: a table needs at least one row")
+        if self.pad_token_id >= self.vocab_size:
+            raise ValueError(f"pad_token_id {self.pad_token_id} is outside the vocabulary (vocab_size "
+                             f"{self.vocab_size})")
+        return self
+
+    @property
+    def ffn_size(self) -> int:
+        return self.intermediate_size or 4 * self.hidden_size
+
+    @property
+    def emb_size(self) -> int:
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def replace(self, **overrides) -> "ModelConfig":
+        """A validated copy with some fields changed (``model_copy`` would skip validation)."""
+        return ModelConfig(**{**self.model_dump(), **overrides})

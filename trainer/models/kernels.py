@@ -1,0 +1,111 @@
+"""Optional fast kernels, each with a plain-torch fallback that computes the same thing.
+
+- Variable-length ("unpadded") attention: flash-attn's varlen kernel when it is installed and the tensors are on a
+  GPU; otherwise PyTorch nested (jagged) tensors through ``scaled_dot_product_attention`` on GPU; otherwise (CPU) a
+  padded fallback that scatters the packed tokens back into a [B, T] grid for one dense SDPA call. The fallback is
+  ours because no library offers varlen attention on CPU; it costs one scatter and one gather per layer, and the
+  linear layers around it (most of the FLOPs) still see only the real tokens.
+- Fused LayerNorm from apex, swapped in only when apex is importable and the module is on a GPU. Recent PyTorch
+  LayerNorm kernels are about as fast, so this is a small win at best; apex is usually absent (it is not on PyPI).
+
+Fused Adam is not here: the optimizer is built by ``trainer/optim`` and DeepSpeed's fused Adam is chosen in
+``trainer/engine.py``.
+"""
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VARLEN_METHODS = ("flash", "nested", "padded")
+
+
+@dataclass
+class Packing:
+    """Where the real tokens of a padded [B, T] batch are, for running the layers on [N, H] packed tokens."""
+
+    indices: torch.Tensor
+    """Flat positions (into B*T) of the real tokens, row-major, [N]."""
+    cu_seqlens: torch.Tensor
+    """Cumulative sequence lengths, int32 [B + 1]: sequence b is packed rows cu_seqlens[b]:cu_seqlens[b+1]."""
+    max_seqlen: int
+    batch: int
+    seqlen: int
+    key_mask: torch.Tensor
+    """[B, 1, 1, T] bool, True where a key is a real token (for the padded fallback)."""
+
+
+def pack(attention_mask: torch.Tensor) -> Packing:
+    """Packing for a right- or arbitrarily-padded mask (1 real, 0 pad).
+
+    Example: mask [[1,1,0],[1,0,0]] -> indices [0,1,3], cu_seqlens [0,2,3], max_seqlen 2. Note: max_seqlen and the
+    nonzero() call are device->host syncs (one per forward, not per layer).
+    """
+    mask = attention_mask.bool()
+    batch, seqlen = mask.shape
+    lengths = mask.sum(dim=1, dtype=torch.int32)
+    cu_seqlens = F.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
+    indices = torch.nonzero(mask.reshape(-1), as_tuple=False).flatten()
+    return Packing(indices=indices, cu_seqlens=cu_seqlens, max_seqlen=int(lengths.max()), batch=batch,
+                   seqlen=seqlen, key_mask=mask[:, None, None, :])
+
+
+def _flash_attn():
+    try:
+        from flash_attn import flash_attn_varlen_qkvpacked_func
+    except ImportError:
+        return None
+    return flash_attn_varlen_qkvpacked_func
+
+
+def choose_varlen_method(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "flash" if _flash_attn() is not None else "nested"
+    return "padded"
+
+
+def varlen_attention(qkv: torch.Tensor, packing: Packing, dropout_p: float = 0.0, method: str | None = None
+                     ) -> torch.Tensor:
+    """Self-attention over packed sequences. qkv: [N, 3, A, D] -> context [N, A, D].
+
+    Each sequence attends only to its own real tokens, exactly as padded attention with a key-padding mask does.
+    ``method`` forces one implementation (tests compare them); None picks the fastest available.
+    """
+    method = method or choose_varlen_method(qkv.device)
+    if method not in VARLEN_METHODS:
+        raise ValueError(f"varlen attention method {method!r} is not one of {VARLEN_METHODS}")
+    n, _, heads, dim = qkv.shape
+    if method == "flash":
+        fn = _flash_attn()
+        if fn is None:
+            raise RuntimeError("varlen method 'flash' needs flash-attn: pip install flash-attn (GPU only)")
+        return fn(qkv, packing.cu_seqlens, packing.max_seqlen, dropout_p)
+    if method == "nested":
+        offsets = packing.cu_seqlens.long()
+        q, k, v = (torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2) for t in qkv.unbind(1))
+        ctx = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        return ctx.transpose(1, 2).values()
+    # padded fallback: scatter into the [B*T] grid, one dense masked SDPA call, gather the real rows back.
+    grid = qkv.new_zeros(packing.batch * packing.seqlen, 3, heads, dim).index_copy(0, packing.indices, qkv)
+    q, k, v = grid.view(packing.batch, packing.seqlen, 3, heads, dim).permute(2, 0, 3, 1, 4).unbind(0)
+    ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.key_mask, dropout_p=dropout_p)
+    return ctx.transpose(1, 2).reshape(packing.batch * packing.seqlen, heads, dim).index_select(0, packing.indices)
+
+
+def fuse_layer_norms(module: nn.Module) -> int:
+    """Replace every nn.LayerNorm in ``module`` by apex's FusedLayerNorm (same weights) when apex is installed and
+    the module is on a GPU. Returns how many were replaced (0 on CPU or without apex). Call after moving to device."""
+    try:
+        from apex.normalization import FusedLayerNorm
+    except ImportError:
+        return 0
+    replaced = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.LayerNorm and child.weight is not None and child.weight.is_cuda:
+                fused = FusedLayerNorm(child.normalized_shape, eps=child.eps).to(child.weight.device,
+                                                                                 child.weight.dtype)
+                fused.load_state_dict(child.state_dict())
+                setattr(parent, name, fused)
+                replaced += 1
+    return replaced
