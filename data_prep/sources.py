@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import ast
 import bz2
+import functools
 import glob
 import gzip
 import io
@@ -182,6 +183,15 @@ def input_bytes(path: str) -> int:
         return os.path.getsize(path)
     except OSError as err:
         raise InputError(f"{path}: cannot read ({err.strerror}); fix permissions or remove it from --input") from err
+
+
+def piece_size(path: str, start: int, end: int | None) -> int:
+    """Input bytes of a piece from ``piece_bounds`` (for pydocs: the source bytes of its modules)."""
+    if path == PYDOCS:
+        return sum(size for _, _, size in _pydocs_files()[start:end])
+    if not is_splittable(path):
+        return input_bytes(path)
+    return (input_bytes(path) if end is None else end) - start
 
 
 def check_readable(path: str) -> None:
@@ -485,6 +495,7 @@ def _jsonl_documents(lines, path, json_key, skip) -> Iterator[Document]:
 _PYDOCS_EXCLUDE = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
+@functools.lru_cache(maxsize=1)
 def _pydocs_files() -> list[tuple[str, Path, int]]:
     """(relative path, path, size) of the standard library's .py files, sorted; test suites left out."""
     root = Path(sysconfig.get_paths()["stdlib"])

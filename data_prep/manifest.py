@@ -1,0 +1,158 @@
+"""The manifest of a prepared corpus, ``PREFIX.manifest.json``: written and read here only.
+
+It lists the shards in order (prefix relative to the manifest's folder, counts, sha256 of both files), the tokenizer
+they were made with (its fingerprint), the inputs and their sizes, bad input skipped by reason, and the settings
+that define the output. It holds nothing that varies between runs of the same command (no times, no worker or rank
+counts, no host names), so a rerun, a restart after a kill, or a run on another number of workers writes the same
+bytes. Shape (DESIGN.md "Shards and manifest"):
+
+    {"format": "bertfamily-indexed", "version": 1, "tool_version": "0.1.0",
+     "tokenizer": {"path", "fingerprint", "kind", "vocab_size"}, "dtype": "uint16",
+     "shards": [{"prefix": "pydocs_00000", "documents", "sentences", "tokens", "bin_bytes", "bin_sha256",
+                 "idx_sha256", "input", "input_range": [start, end or null]}],
+     "totals": {"shards", "documents", "sentences", "tokens", "bin_bytes", "input_bytes"},
+     "inputs": [{"path", "bytes"}], "skipped": {"reason": count}, "settings": {...}}
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+FORMAT = "bertfamily-indexed"
+VERSION = 1
+SUFFIX = ".manifest.json"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TokenizerInfo(_Strict):
+    path: str
+    fingerprint: str
+    kind: str
+    vocab_size: int
+
+
+class ShardInfo(_Strict):
+    prefix: str
+    """Shard path prefix relative to the manifest's folder (``NAME_00000``: the .bin/.idx pair)."""
+    documents: int
+    sentences: int
+    """Sequences in the shard: sentences with --split-sentences, lines otherwise."""
+    tokens: int
+    bin_bytes: int
+    bin_sha256: str
+    idx_sha256: str
+    input: str
+    """The input this shard was made from."""
+    input_range: tuple[int, int | None]
+    """The piece of that input: byte range (module-index range for builtin:pydocs); end None = to the end."""
+
+
+class Totals(_Strict):
+    shards: int
+    documents: int
+    sentences: int
+    tokens: int
+    bin_bytes: int
+    input_bytes: int
+
+
+class InputInfo(_Strict):
+    path: str
+    bytes: int
+
+
+class Manifest(_Strict):
+    format: Literal["bertfamily-indexed"]
+    version: Literal[1]
+    tool_version: str
+    tokenizer: TokenizerInfo
+    dtype: Literal["uint16", "int32"]
+    shards: list[ShardInfo]
+    totals: Totals
+    inputs: list[InputInfo]
+    skipped: dict[str, int]
+    settings: dict[str, Any]
+
+
+def manifest_path(prefix: str | os.PathLike) -> Path:
+    prefix = str(prefix)
+    return Path(prefix if prefix.endswith(SUFFIX) else prefix + SUFFIX)
+
+
+def shard_name(prefix: str | os.PathLike, index: int) -> str:
+    """``PREFIX_00000``: five digits, 100k shards of up to --shard-size-mb each before the names stop sorting."""
+    return f"{prefix}_{index:05d}"
+
+
+def sha256_file(path: str | os.PathLike, block: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def totals_of(shards: list[dict], input_bytes: int) -> dict:
+    return {
+        "shards": len(shards),
+        "documents": sum(s["documents"] for s in shards),
+        "sentences": sum(s["sentences"] for s in shards),
+        "tokens": sum(s["tokens"] for s in shards),
+        "bin_bytes": sum(s["bin_bytes"] for s in shards),
+        "input_bytes": input_bytes,
+    }
+
+
+def dumps(manifest: dict) -> str:
+    """The exact bytes written: validated, keys in model order, skipped reasons sorted."""
+    model = Manifest.model_validate(manifest)
+    data = model.model_dump(mode="json")
+    data["skipped"] = dict(sorted(data["skipped"].items()))
+    return json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+
+
+def write_manifest(prefix: str | os.PathLike, manifest: dict) -> Path:
+    """Validate and write atomically (temporary name, fsync, rename): a reader never sees half a manifest."""
+    path = manifest_path(prefix)
+    text = dumps(manifest)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifest(prefix: str | os.PathLike) -> dict:
+    """The manifest of ``PREFIX`` (or of the ``PREFIX.manifest.json`` path) as a dict, validated."""
+    path = manifest_path(prefix)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{path}: no manifest; prepare the corpus with data_prep/build_indexed.py --output-prefix "
+            f"{str(path)[: -len(SUFFIX)]} (an unfinished run leaves no manifest: rerun it to finish)"
+        ) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err}); rebuild the corpus") from err
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a bertfamily-indexed manifest (format {data.get('format')!r})")
+    try:
+        model = Manifest.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{path}: key {key!r}: {first['msg']} ({len(err.errors())} problem(s)); rebuild the corpus "
+                         f"with this version of build_indexed.py") from err
+    return model.model_dump(mode="json")

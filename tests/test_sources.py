@@ -1,0 +1,218 @@
+"""Reading inputs (data_prep/sources.py) and sentence splitting (data_prep/sentences.py): layouts, compression,
+byte-range pieces, every kind of bad input, builtin:pydocs."""
+import bz2
+import gzip
+import json
+import os
+from collections import Counter
+
+import pytest
+import zstandard
+
+from data_prep import sources
+from data_prep.sentences import split_sentences
+
+
+def reference_documents(path):
+    """The .txt layout read the plainest way: blank lines separate documents, lines stripped."""
+    docs, cur = [], []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if line:
+                cur.append(line)
+            elif cur:
+                docs.append(cur)
+                cur = []
+    if cur:
+        docs.append(cur)
+    return docs
+
+
+def read(path, **kw):
+    skipped, where = Counter(), []
+    docs = [d.lines for d in sources.iter_documents(str(path), skipped=skipped,
+                                                    on_skip=lambda r, w: where.append((r, w)), **kw)]
+    return docs, skipped, where
+
+
+def test_txt_documents_and_lines_counted_exactly(en_corpus):
+    docs, skipped, _ = read(en_corpus)
+    assert docs == reference_documents(en_corpus)
+    assert len(docs) > 10_000 and not skipped
+
+
+@pytest.mark.parametrize("chunk", [997, 20_000, 400_000])
+def test_pieces_cover_every_document_once(en_corpus, tmp_path, chunk):
+    whole, _, _ = read(en_corpus)
+    bounds = sources.piece_bounds(str(en_corpus), chunk)
+    assert len(bounds) > 1 and bounds[0][0] == 0 and bounds[-1][1] is None
+    parts = []
+    for start, end in bounds:
+        parts += [d.lines for d in sources.iter_documents(str(en_corpus), start=start, end=end)]
+    assert parts == whole
+    # jsonl: every line is a document; pieces must not lose or repeat one either
+    jl = tmp_path / "c.jsonl"
+    jl.write_text("".join(json.dumps({"text": "\n".join(d)}) + "\n" for d in whole[:3000]), encoding="utf-8")
+    parts = []
+    for start, end in sources.piece_bounds(str(jl), chunk):
+        parts += [d.lines for d in sources.iter_documents(str(jl), start=start, end=end)]
+    assert parts == whole[:3000]
+
+
+def test_compressed_and_jsonl_inputs_read_like_plain_text(en_corpus, tmp_path):
+    plain, _, _ = read(en_corpus)
+    data = en_corpus.read_bytes()
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(data))
+    (tmp_path / "a.txt.bz2").write_bytes(bz2.compress(data))
+    # two zstd frames back to back (what `cat a.zst b.zst` makes) must read as one stream
+    half = data.index(b"\n\n", len(data) // 2) + 2
+    cctx = zstandard.ZstdCompressor()
+    (tmp_path / "a.txt.zst").write_bytes(cctx.compress(data[:half]) + cctx.compress(data[half:]))
+    for name in ("a.txt.gz", "a.txt.bz2", "a.txt.zst"):
+        docs, skipped, _ = read(tmp_path / name)
+        assert docs == plain, name
+        assert not skipped
+    lines = "".join(json.dumps({"body": "\n".join(d), "id": i}) + "\n" for i, d in enumerate(plain))
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+    docs, skipped, _ = read(tmp_path / "b.jsonl.gz", json_key="body")
+    assert docs == plain and not skipped
+    assert sources.piece_bounds(str(tmp_path / "a.txt.gz"), 1000) == [(0, None)]  # compressed: one piece
+
+
+def test_expand_inputs(tmp_path):
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    for name in ("d/b.txt", "d/a.jsonl", "d/sub/c.txt.gz", "d/.hidden.txt", "d/notes.md", "e.txt"):
+        (tmp_path / name).write_bytes(b"x\n")
+    skipped, where = Counter(), []
+    got = sources.expand_inputs([str(tmp_path / "d"), str(tmp_path / "*.txt"), str(tmp_path / "e.txt"),
+                                 "builtin:pydocs"], skipped, lambda r, w: where.append(w))
+    rel = [os.path.relpath(p, tmp_path) if p != "builtin:pydocs" else p for p in got]
+    assert rel == ["d/a.jsonl", "d/b.txt", "d/sub/c.txt.gz", "e.txt", "builtin:pydocs"]
+    assert skipped == {"unsupported_file": 1} and where[0].endswith("notes.md")
+    with pytest.raises(sources.InputError, match="nothing.txt"):
+        sources.expand_inputs([str(tmp_path / "nothing.txt")])
+    with pytest.raises(sources.InputError, match=r"\*.parquet"):
+        sources.expand_inputs([str(tmp_path / "*.parquet")])
+    with pytest.raises(sources.InputError, match="notes.md: unsupported input type"):
+        sources.expand_inputs([str(tmp_path / "d" / "notes.md")])
+
+
+def test_bad_text_lines_are_dropped_and_counted_with_their_line(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"\xef\xbb\xbfgood one\nbad \xff\xfe utf8\nstill doc one\n\n"
+                     b"nul\x00here\ndoc two\n\n\n\n" + b"y" * 5000 + b"\ndoc three\n")
+    docs, skipped, where = read(path, max_line_bytes=1000)
+    assert docs == [["good one", "still doc one"], ["doc two"], ["doc three"]]  # BOM removed, bad lines only
+    assert skipped == {"invalid_utf8": 1, "nul_bytes": 1, "line_too_long": 1}
+    assert [w.split(":")[1] for _, w in where] == ["2", "5", "10"]  # each message names the line
+
+
+def test_50_mb_single_line_is_skipped_without_holding_it(tmp_path):
+    path = tmp_path / "huge.txt"
+    with open(path, "wb") as fh:
+        fh.write(b"before\n\n")
+        block = b"z" * (1 << 20)
+        for _ in range(50):
+            fh.write(block)
+        fh.write(b"\nafter\n")
+    docs, skipped, where = read(path)  # default 16 MiB line limit
+    assert docs == [["before"], ["after"]]
+    assert skipped == {"line_too_long": 1} and f"{path}:3" in where[0][1]
+
+
+def test_bad_jsonl_records_are_counted_by_reason(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join([
+        json.dumps({"text": "first\nsecond line"}),
+        '{"text": "unterminated',
+        json.dumps({"title": "no text key"}),
+        json.dumps({"text": 42}),
+        json.dumps({"text": "   "}),
+        json.dumps(["not", "an", "object"]),
+        "",
+        json.dumps({"text": "last"}),
+    ]) + "\n", encoding="utf-8")
+    docs, skipped, where = read(path)
+    assert docs == [["first", "second line"], ["last"]]
+    assert skipped == {"invalid_json": 1, "missing_json_key": 2, "json_value_not_string": 1, "empty_document": 1}
+    assert any(w.startswith(f"{path}:2: invalid JSON") for _, w in where)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".zst"])
+def test_truncated_compressed_input_keeps_what_came_before(en_corpus, tmp_path, suffix):
+    data = en_corpus.read_bytes()
+    compress = {".gz": gzip.compress, ".bz2": bz2.compress, ".zst": zstandard.ZstdCompressor().compress}[suffix]
+    blob = compress(data)
+    path = tmp_path / f"cut.txt{suffix}"
+    path.write_bytes(blob[: len(blob) // 2])
+    docs, skipped, where = read(path)
+    plain = reference_documents(en_corpus)
+    assert skipped == {"truncated_input": 1}
+    assert 0 < len(docs) < len(plain)
+    assert docs == plain[: len(docs)]  # everything kept is intact and in order
+    assert str(path) in where[0][1] and "byte" in where[0][1]
+
+
+def test_unreadable_input_stops_with_the_file_named(tmp_path):
+    # Root reads through chmod 000, so "unreadable" here is a directory named like a file and a vanished file.
+    as_dir = tmp_path / "folder.txt"
+    as_dir.mkdir()
+    with pytest.raises(sources.InputError, match="folder.txt: cannot read"):
+        list(sources.iter_documents(str(as_dir)))
+    gone = tmp_path / "gone.txt"
+    gone.write_text("a\n")
+    files = sources.expand_inputs([str(gone)])
+    gone.unlink()
+    with pytest.raises(sources.InputError, match="gone.txt: cannot read"):
+        sources.check_readable(files[0])
+
+
+def test_long_txt_document_is_split_not_held(tmp_path):
+    path = tmp_path / "long.txt"
+    path.write_text("".join(f"line {i}\n" for i in range(100)), encoding="utf-8")
+    docs, skipped, _ = read(path, max_document_bytes=100)
+    assert sum(docs, []) == [f"line {i}" for i in range(100)]  # no text lost
+    assert len(docs) > 5 and all(sum(map(len, d)) <= 100 for d in docs)
+    assert skipped["long_document_split"] == len(docs) - 1
+
+
+def test_builtin_pydocs_is_the_stdlib_docstrings():
+    skipped = Counter()
+    docs = list(sources.iter_documents("builtin:pydocs", skipped=skipped))
+    by_module = {d.source.split(":", 2)[2]: d for d in docs}
+    assert len(docs) > 200
+    assert by_module["json/__init__.py"].lines[0].startswith("JSON (JavaScript Object Notation)")
+    assert not any("/test/" in name or name.startswith("test/") for name in by_module)
+    assert set(skipped) <= {"empty_document", "pydocs_unparsable"}
+    # module-index pieces split the same documents
+    bounds = sources.piece_bounds("builtin:pydocs", 1 << 20)
+    assert len(bounds) > 2
+    parts = [d.lines for a, b in bounds for d in sources.iter_documents("builtin:pydocs", start=a, end=b)]
+    assert parts == [d.lines for d in docs]
+    assert sum(sources.piece_size("builtin:pydocs", a, b) for a, b in bounds) == sources.input_bytes("builtin:pydocs")
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("Hello world. This is Mr. Smith of the U.S. Army. He said \"Stop!\" Then left.",
+     ["Hello world.", "This is Mr. Smith of the U.S. Army.", "He said \"Stop!\"", "Then left."]),
+    ("J. R. R. Tolkien wrote it. Really?! Yes... 3 times.", ["J. R. R. Tolkien wrote it.", "Really?!", "Yes...",
+                                                               "3 times."]),
+    ("Version 2.5 is out. Pi is 3.14, e.g. roughly.", ["Version 2.5 is out.", "Pi is 3.14, e.g. roughly."]),
+    ("请接受这一事实！对吗？“好的。”然后……结束", ["请接受这一事实！", "对吗？", "“好的。”", "然后……", "结束"]),
+    ("好!下一句", ["好!", "下一句"]),
+    ("   ", []),
+])
+def test_sentence_rule(line, expected):
+    assert split_sentences(line) == expected
+
+
+def test_sentence_splitting_keeps_all_text(en_corpus, zh_corpus):
+    for corpus in (en_corpus, zh_corpus):
+        n_lines = n_sents = 0
+        for line in corpus.read_text(encoding="utf-8").splitlines():
+            sents = split_sentences(line)
+            assert "".join("".join(sents).split()) == "".join(line.split())
+            n_lines += bool(line.strip())
+            n_sents += len(sents)
+        assert n_sents > n_lines  # it does split
