@@ -21,6 +21,12 @@ Each pipeline is exactly the one transformers' BertTokenizer / RobertaTokenizer 
 vocabulary and tokenizer_config.json (transformers 5 rebuilds rather than reading tokenizer.json's normalizer), so
 AutoTokenizer gives our ids. Trainers are fed from an iterator of lines: memory follows the number of distinct
 words (HF trainers) or is capped at ``--spm-sentences`` sampled lines (SentencePiece), not the corpus size.
+
+Reproducibility: bbpe and unigram give byte-identical folders (same fingerprint) for the same command and input.
+wordpiece and zh do not quite: HF's WordPieceTrainer numbers its "##" alphabet in hash-map order and breaks ties
+between equally frequent merges by those numbers (huggingface/tokenizers#1794, fix proposed in PR #2066), so a
+rerun can swap a rare token or two at the vocabulary's edge. We renumber the result in sorted order, so the same
+token set always gets the same ids. Shards record the fingerprint of the folder they were built with; keep it.
 """
 from __future__ import annotations
 
@@ -74,6 +80,7 @@ KINDS: dict[str, Kind] = {
 # vocabulary slot. zh lifts the cap (every Han character must be a token).
 WORDPIECE_ALPHABET_LIMIT = 1000
 MIN_FREQUENCY = 2
+SPM_MAX_SENTENCE_BYTES = 16384
 
 
 def parse_size(text: str) -> int:
@@ -86,9 +93,13 @@ def parse_size(text: str) -> int:
 
 
 class LineFeed:
-    """The lines of every document of the inputs, in order, stopping after ``limit_bytes`` of UTF-8 text; counts
-    what it read so the summary can report it. Reading goes through data_prep.sources, the same reader as
-    build_indexed.py, so both see the same text (compression, jsonl keys, bad-input handling)."""
+    """The lines of every document of the inputs, in order; counts what it read for the summary and the metadata.
+
+    Reading goes through data_prep.sources, the same reader as build_indexed.py, so both see the same text
+    (compression, jsonl keys, bad input counted by reason). With ``limit_bytes`` each input gets a share of the
+    budget proportional to its size on disk, so a tokenizer trained on 2 GB of a Books + Wikipedia + CC-News blend
+    sees all of them, not only the first (compressed inputs count at their compressed size, which favours them).
+    Within an input the share is its first lines."""
 
     def __init__(self, specs: list[str], json_key: str = "text", limit_bytes: int | None = None,
                  transform=None, progress: bool = True):
@@ -99,6 +110,10 @@ class LineFeed:
         self._sources = sources
         self.json_key = json_key
         self.limit_bytes = limit_bytes
+        self.budgets: list[int | None] = [None] * len(self.paths)
+        if limit_bytes is not None:
+            sizes = [max(sources.input_bytes(p), 1) for p in self.paths]
+            self.budgets = [limit_bytes * size // sum(sizes) for size in sizes]
         self.transform = transform
         self.progress = progress
         self.bytes = 0
@@ -112,20 +127,25 @@ class LineFeed:
         bar = tqdm(total=self.limit_bytes, unit="B", unit_scale=True, desc="reading", disable=not self.progress,
                    mininterval=1.0)
         try:
-            for path in self.paths:
-                for doc in self._sources.iter_documents(path, json_key=self.json_key, skipped=self.skipped):
-                    self.documents += 1
-                    for line in doc.lines:
-                        size = len(line.encode("utf-8"))
-                        if self.limit_bytes is not None and self.bytes + size > self.limit_bytes:
-                            self.truncated = True
-                            return
-                        self.bytes += size
-                        self.lines += 1
-                        bar.update(size)
-                        yield self.transform(line) if self.transform else line
+            for path, budget in zip(self.paths, self.budgets):
+                yield from self._read(path, budget, bar)
         finally:
             bar.close()
+
+    def _read(self, path: str, budget: int | None, bar) -> Iterator[str]:
+        used = 0
+        for doc in self._sources.iter_documents(path, json_key=self.json_key, skipped=self.skipped):
+            self.documents += 1
+            for line in doc.lines:
+                size = len(line.encode("utf-8"))
+                if budget is not None and used + size > budget:
+                    self.truncated = True
+                    return
+                used += size
+                self.bytes += size
+                self.lines += 1
+                bar.update(size)
+                yield self.transform(line) if self.transform else line
 
 
 # ---------------------------------------------------------------------------------------------------------- trainers
@@ -149,11 +169,28 @@ def train_wordpiece(lines: Iterable[str], kind_name: str, vocab_size: int, lower
                                         special_tokens=_ordered_specials(kind), continuing_subword_prefix="##",
                                         show_progress=False, **cap)
     tok.train_from_iterator(lines, trainer)
+    tok.model = models.WordPiece(_canonical_wordpiece_vocab(tok.get_vocab(with_added_tokens=False), len(kind.specials)),
+                                 unk_token=kind.specials["unk"], continuing_subword_prefix="##")
     cls, sep = kind.specials["cls"], kind.specials["sep"]
     tok.post_processor = processors.TemplateProcessing(
         single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
         special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])
     return tok
+
+
+def _canonical_wordpiece_vocab(vocab: dict[str, int], n_special: int) -> dict[str, int]:
+    """The same tokens with ids that do not depend on hash order. HF's WordPieceTrainer lays out the "##x"
+    continuation alphabet in HashMap order and orders equally frequent merges arbitrarily, so two runs on the same
+    text give the same set of tokens with different ids (and fingerprints). WordPiece matches greedily by string,
+    never by id, so renumbering changes no tokenization: special tokens keep 0..n-1, then characters, "##"
+    characters, and the merged tokens, each group sorted."""
+    ordered = sorted(vocab, key=vocab.get)
+    special, rest = ordered[:n_special], ordered[n_special:]
+    chars = sorted(t for t in rest if len(t) == 1)
+    cont = sorted(t for t in rest if len(t) == 3 and t.startswith("##"))
+    picked = set(chars) | set(cont)
+    merged = sorted(t for t in rest if t not in picked)
+    return {token: i for i, token in enumerate(special + chars + cont + merged)}
 
 
 def train_bbpe(lines: Iterable[str], vocab_size: int):
@@ -201,17 +238,35 @@ def train_unigram(feed: LineFeed, vocab_size: int, lowercase: bool, max_sentence
     feed.transform = pre.normalize_str
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(feed), model_writer=model, model_type="unigram", vocab_size=vocab_size,
+        sentence_iterator=spm_sentences(feed), model_writer=model, model_type="unigram", vocab_size=vocab_size,
         pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece=kind.specials["pad"], unk_piece=kind.specials["unk"],
         control_symbols=[kind.specials[r] for r in ("cls", "sep", "mask")],
         character_coverage=0.9995, normalization_rule_name="nmt_nfkc",
         # A corpus too small for the vocabulary gives fewer pieces (reported) instead of an abort.
         hard_vocab_limit=False,
         # SentencePiece holds its training sentences in memory: sample at most this many (reservoir sampling) so a
-        # 160 GB corpus costs a bounded few GB. Lines longer than max_sentence_length bytes are skipped by spm.
-        input_sentence_size=max_sentences, shuffle_input_sentence=True, max_sentence_length=16384,
+        # 160 GB corpus costs a bounded few GB.
+        input_sentence_size=max_sentences, shuffle_input_sentence=True, max_sentence_length=SPM_MAX_SENTENCE_BYTES,
         num_threads=threads, minloglevel=2)
     return model.getvalue(), unigram_from_spm(model.getvalue(), lowercase)
+
+
+def spm_sentences(lines: Iterable[str], max_bytes: int = SPM_MAX_SENTENCE_BYTES) -> Iterator[str]:
+    """SentencePiece drops a training sentence longer than max_sentence_length bytes (a paragraph-per-line corpus
+    has many); cut such lines at a space into pieces it keeps, so their text still counts."""
+    step = max_bytes // 4  # characters per piece: at most 4 UTF-8 bytes each
+    for line in lines:
+        if len(line) <= step or len(line.encode("utf-8")) <= max_bytes:
+            yield line
+            continue
+        start = 0
+        while start < len(line):
+            end = min(start + step, len(line))
+            if end < len(line):
+                space = line.rfind(" ", start + step // 2, end)
+                end = space if space > start else end
+            yield line[start:end]
+            start = end
 
 
 def unigram_from_spm(model_bytes: bytes, lowercase: bool):
@@ -350,6 +405,9 @@ def main(argv: list[str] | None = None) -> int:
             spm_model, tok = train_unigram(feed, vocab_size, lowercase, args.spm_sentences, args.threads)
     except InputError as err:
         raise SystemExit(f"error: {err}") from None
+    except RuntimeError as err:  # SentencePiece reports its failures (e.g. no sentences) as RuntimeError
+        if feed.lines:
+            raise SystemExit(f"error: SentencePiece training failed: {err}") from None
     if feed.lines == 0:
         raise SystemExit(f"error: no text read from --input {' '.join(args.input)} "
                          f"(skipped: {feed.skipped or 'nothing'}); check the paths and --json-key")

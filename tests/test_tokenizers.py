@@ -235,9 +235,10 @@ def test_jsonl_gz_input_with_json_key(tmp_path, en_lines):
                                  "--json-key", "body", "--quiet"]) == 0
     meta = json.loads((out / META_FILE).read_text())
     assert meta["training"]["documents"] == 200 and meta["training"]["lines"] == 600
-    with pytest.raises(SystemExit, match="no text read"):
-        train_tokenizer.main(["--kind", "bbpe", "--input", str(path), "--output", str(tmp_path / "t2"),
-                              "--json-key", "text", "--quiet"])
+    for kind in ("bbpe", "unigram"):
+        with pytest.raises(SystemExit, match="no text read.*missing_json_key"):
+            train_tokenizer.main(["--kind", kind, "--input", str(path), "--output", str(tmp_path / "t2"),
+                                  "--json-key", "text", "--quiet"])
 
 
 def test_clear_errors(tmp_path, trained):
@@ -260,3 +261,38 @@ def test_clear_errors(tmp_path, trained):
     with pytest.raises(SystemExit, match="nothing_here"):
         train_tokenizer.main(["--kind", "wordpiece", "--input", str(tmp_path / "nothing_here*.txt"),
                               "--output", str(tmp_path / "o")])
+
+
+def test_limit_bytes_is_shared_across_inputs(tmp_path, en_corpus, zh_corpus):
+    """A budget smaller than the first input still reaches the second one (each gets its share by size)."""
+    out = tmp_path / "both"
+    assert train_tokenizer.main(["--kind", "zh", "--input", str(en_corpus), str(zh_corpus), "--output", str(out),
+                                 "--vocab-size", "1500", "--limit-bytes", "400K", "--quiet"]) == 0
+    meta = json.loads((out / META_FILE).read_text())["training"]
+    assert meta["truncated_at_limit"] and meta["bytes"] <= 400 * 1024
+    tok = load_tokenizer(out)
+    han = re.findall(r"[\u4e00-\u9fff]", _read_slice(zh_corpus, 20_000))
+    assert tok.unk_id not in tok.encode("".join(han))
+    assert tok.encode("the") != [tok.unk_id]
+
+
+def test_unigram_keeps_text_of_lines_longer_than_sentencepiece_accepts(tmp_path, en_lines):
+    one_line = tmp_path / "one_line.txt"
+    one_line.write_text(" ".join(en_lines[:3000]) + "\n", encoding="utf-8")  # ~160 KB, a single line
+    assert len(one_line.read_bytes()) > 8 * train_tokenizer.SPM_MAX_SENTENCE_BYTES
+    out = tmp_path / "uni"
+    assert train_tokenizer.main(["--kind", "unigram", "--input", str(one_line), "--output", str(out),
+                                 "--vocab-size", "800", "--quiet"]) == 0
+    assert load_tokenizer(out).vocab_size == 800
+    pieces = list(train_tokenizer.spm_sentences([one_line.read_text(encoding="utf-8").strip()]))
+    assert all(len(p.encode("utf-8")) <= train_tokenizer.SPM_MAX_SENTENCE_BYTES for p in pieces)
+    assert "".join(pieces) == one_line.read_text(encoding="utf-8").strip()
+
+
+@pytest.mark.parametrize("kind", ["bbpe", "unigram"])
+def test_same_command_gives_the_same_tokenizer(trained, tmp_path, en_corpus, kind):
+    # (wordpiece/zh: HF's WordPieceTrainer breaks ties in hash order, huggingface/tokenizers#1794; not asserted)
+    again = tmp_path / kind
+    train_tokenizer.main(["--kind", kind, "--input", str(en_corpus), "--output", str(again), "--vocab-size",
+                          str(VOCAB[kind]), "--limit-bytes", SLICE, "--quiet"])
+    assert load_tokenizer(again).fingerprint == load_tokenizer(trained[kind]).fingerprint
