@@ -1,0 +1,221 @@
+# shellcheck shell=bash
+# Shared launcher logic of the slurm/*.sh templates. Sourced by them, never run on its own.
+#
+# What a template does with it:
+#     source "${BERTFAMILY_HOME:-$SLURM_SUBMIT_DIR}/slurm/common.sh"
+#     bf_setup                              # repo, venv, nodes, rendezvous address, GPUs or CPU, signal traps
+#     bf_train "$CONFIG" "$RUN_DIR" "$@"    # one torchrun per node via srun; checkpoint/requeue on signals
+#     bf_finish                             # exit status, self-requeue, or a failure message that says what to do
+# (bf_check_launch between launches of a multi-phase job returns only if the launch completed.)
+#
+# Every setting is an environment variable with a default, so `VAR=value sbatch slurm/x.sh` (sbatch exports the
+# submitting environment) or `sbatch --export=ALL,VAR=value` overrides it; #SBATCH lines are overridden by sbatch
+# flags (`sbatch --nodes=4 --time=2:00:00 slurm/x.sh`). Arguments after the script name go to the trainer
+# (`sbatch slurm/x.sh --set optim.lr=2e-4`).
+#
+#   BERTFAMILY_HOME   the repository checkout (default: the folder sbatch was run from, $SLURM_SUBMIT_DIR)
+#   BERTFAMILY_VENV   virtual environment to activate on every node (default: $BERTFAMILY_HOME/.venv if present;
+#                     "none" to use the environment the job inherited, e.g. a module or conda env)
+#   CONFIG            recipe name or YAML file (each template sets its own default)
+#   RUN_DIR           run folder: checkpoints, metrics.jsonl, TensorBoard, per-rank logs (each template's default is
+#                     under runs/; relative paths are relative to BERTFAMILY_HOME)
+#   DATA_PREFIX       one prepared corpus (PREFIX of PREFIX.manifest.json); replaces the recipe's data.corpora
+#   EXTRA_SETS        more overrides, whitespace-separated KEY=VALUE words, each passed as --set KEY=VALUE
+#   GPUS_PER_NODE     ranks per node on GPU nodes (default: the GPUs Slurm gave the job, else nvidia-smi's count)
+#   CPU_RANKS_PER_NODE ranks per node when a node has no GPU (default 1; CPU runs are for tests and debugging)
+#   MASTER_PORT       rendezvous port on the first node (default derived from the job id and restart count)
+#   RDZV_TIMEOUT      seconds the first node waits for all nodes to join before failing (default 900)
+#   SAVE_TIMEOUT      seconds torchrun lets ranks finish their preemption checkpoint before SIGKILL (default 540;
+#                     keep it below the lead time of --signal=B:USR1@N and above the time one save takes)
+#
+# Why bash and not Python: this runs before any environment is activated, on the batch host, and must stay
+# readable to the operators who edit it for their site.
+
+bf_log() { echo "bertfamily [$(date -u +%H:%M:%S)] $*"; }
+bf_die() { echo "bertfamily: error: $*" >&2; exit 1; }
+
+# The status the trainer returns after saving on SIGTERM/SIGUSR1 (trainer/loop.py EXIT_REQUEUE; BSD EX_TEMPFAIL).
+BF_EXIT_REQUEUE=75
+
+# bf_setup_env: the repository as working directory and its venv active (data prep and training).
+bf_setup_env() {
+    [ -n "${SLURM_JOB_ID:-}" ] || bf_die "not inside a Slurm job: submit with sbatch (e.g. sbatch slurm/bert_base.sh)"
+    BERTFAMILY_HOME=${BERTFAMILY_HOME:-${SLURM_SUBMIT_DIR:-$PWD}}
+    [ -d "$BERTFAMILY_HOME/trainer" ] && [ -d "$BERTFAMILY_HOME/data_prep" ] || bf_die "BERTFAMILY_HOME=$BERTFAMILY_HOME \
+is not a bertfamily checkout (no trainer/ and data_prep/): run sbatch from the repository root or set BERTFAMILY_HOME"
+    cd "$BERTFAMILY_HOME" || bf_die "cannot cd to $BERTFAMILY_HOME"
+    # The venv must be active in the job itself: a job that falls back to system Python finds no deepspeed, and one
+    # that mixes ninja builds recompiles DeepSpeed's native ops (~1 min each) in every job.
+    BERTFAMILY_VENV=${BERTFAMILY_VENV:-$BERTFAMILY_HOME/.venv}
+    if [ "$BERTFAMILY_VENV" != none ]; then
+        [ -f "$BERTFAMILY_VENV/bin/activate" ] || bf_die "no virtual environment at BERTFAMILY_VENV=$BERTFAMILY_VENV \
+(run 'make venv' in $BERTFAMILY_HOME, or set BERTFAMILY_VENV=none to use the job's inherited environment)"
+        # shellcheck disable=SC1091
+        . "$BERTFAMILY_VENV/bin/activate"
+    fi
+    export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+}
+
+# bf_setup: bf_setup_env, then the nodes, the rendezvous address, GPUs or CPU, and the signal traps.
+bf_setup() {
+    bf_setup_env
+    command -v torchrun >/dev/null || bf_die "torchrun not found on PATH ($PATH): is torch installed in the venv?"
+
+    BF_NNODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
+    BF_FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+    # NodeAddr, not the node name: names do not resolve on every cluster (and on the test cluster both nodes are
+    # 127.0.0.1 with different slurmd ports).
+    BF_MASTER_ADDR=$(scontrol show node -o "$BF_FIRST_NODE" | tr ' ' '\n' | sed -n 's/^NodeAddr=//p')
+    [ -n "$BF_MASTER_ADDR" ] || bf_die "could not read NodeAddr of $BF_FIRST_NODE from 'scontrol show node'"
+    # A port per job and per restart, so a requeued job never meets its predecessor's socket in TIME_WAIT.
+    BF_MASTER_PORT=${MASTER_PORT:-$((20000 + (SLURM_JOB_ID % 4000) * 10 + ${SLURM_RESTART_COUNT:-0} % 10))}
+
+    local gpus=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-}}
+    if [ -z "$gpus" ]; then
+        gpus=0
+        if command -v nvidia-smi >/dev/null 2>&1; then gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); fi
+    fi
+    if [ "$gpus" -gt 0 ]; then
+        BF_NPROC=$gpus
+        BF_BACKEND=nccl
+        # A rank whose peer died gets an error from NCCL instead of blocking forever in a collective; the trainer's
+        # deepspeed.timeout_minutes bounds how long that takes.
+        export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
+        export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+    else
+        BF_NPROC=${CPU_RANKS_PER_NODE:-1}
+        BF_BACKEND=gloo
+    fi
+
+    BF_RESTART=${SLURM_RESTART_COUNT:-0}
+    BF_JOB_TAG="job${SLURM_JOB_ID}-restart${BF_RESTART}"
+    BF_RC=0
+    BF_SIGNAL=""
+    trap '_bf_on_signal USR1' USR1
+    trap '_bf_on_signal TERM' TERM
+    bf_log "job $SLURM_JOB_ID (restart $BF_RESTART) on $BF_NNODES node(s) [$SLURM_JOB_NODELIST]: $BF_NPROC rank(s) per" \
+        "node, backend $BF_BACKEND, rendezvous $BF_MASTER_ADDR:$BF_MASTER_PORT ($BF_FIRST_NODE)"
+}
+
+# Two ways a job is told to stop, both ending with every rank saving at the next step boundary and exiting 75:
+# - the time-limit warning (--signal=B:USR1@N) reaches only this shell: forward it to srun, which passes it to every
+#   task; torchrun (--signals-to-handle) passes it on to its ranks and gives them SAVE_TIMEOUT seconds;
+# - preemption, `scontrol requeue` and scancel make slurmd send SIGTERM to every process of the job at once (then
+#   SIGKILL after the cluster's KillWait): nothing to forward. A second signal would interrupt torchrun's graceful
+#   shutdown, so TERM is not forwarded.
+# bash runs a trap only between commands, hence srun in the background and `wait` in a loop.
+_bf_on_signal() {
+    BF_SIGNAL=$1
+    bf_log "received SIG$1: every rank checkpoints at its next step boundary and stops"
+    if [ "$1" = USR1 ] && [ -n "${BF_SRUN_PID:-}" ]; then kill -USR1 "$BF_SRUN_PID" 2>/dev/null || true; fi
+}
+
+# bf_sets RUN_DIR: the --set arguments every launch gets (run folder, data prefix, EXTRA_SETS), in BF_SETS.
+bf_sets() {
+    BF_SETS=(--set "run_dir=$1")
+    if [ -n "${DATA_PREFIX:-}" ]; then
+        [ -f "$DATA_PREFIX.manifest.json" ] || bf_die "DATA_PREFIX=$DATA_PREFIX: no $DATA_PREFIX.manifest.json \
+(prepare the corpus with slurm/build_indexed.sh or data_prep/build_indexed.py first)"
+        BF_SETS+=(--set "data.corpora=[{prefix: $DATA_PREFIX}]")
+    fi
+    local kv
+    for kv in ${EXTRA_SETS:-}; do
+        case "$kv" in *=*) ;; *) bf_die "EXTRA_SETS: '$kv' is not KEY=VALUE (e.g. EXTRA_SETS='optim.lr=2e-4')";; esac
+        BF_SETS+=(--set "$kv")
+    done
+}
+
+# bf_train CONFIG RUN_DIR [trainer args...]: one launch of trainer/pretrain.py over all nodes; sets BF_RC.
+bf_train() {
+    local config=$1 run_dir=$2
+    shift 2
+    [ -n "$config" ] || bf_die "CONFIG is empty: set a recipe name or YAML file"
+    bf_sets "$run_dir"
+    BF_RUN_DIR=$run_dir
+    BF_LOG_DIR=$run_dir/logs/$BF_JOB_TAG
+    mkdir -p "$BF_LOG_DIR" || bf_die "cannot create $BF_LOG_DIR"
+    # Validate on the batch host before any node starts: a wrong key fails in seconds, naming the key.
+    # WORLD_SIZE makes the check include the batch arithmetic (global = micro x accumulation x ranks).
+    WORLD_SIZE=$((BF_NNODES * BF_NPROC)) python trainer/pretrain.py --config "$config" "${BF_SETS[@]}" "$@" --check \
+        >"$BF_LOG_DIR/config.json" \
+        || bf_die "config $config ${BF_SETS[*]} $* is invalid (message above); nothing was launched"
+    bf_log "run $run_dir: config $config; per-rank logs in $BF_LOG_DIR/node*/"
+    if [ -n "$BF_SIGNAL" ]; then BF_RC=$BF_EXIT_REQUEUE; return 0; fi  # told to stop before anything started
+
+    # One task per node, each a torchrun for that node's ranks. --kill-on-bad-exit: the first node whose torchrun
+    # fails (a rank died, rendezvous timed out) ends the whole step instead of leaving the others blocked in a
+    # collective; --wait bounds how long the others may outlive a node that exited early. Console output (labelled
+    # with the node index by srun and the rank by torchrun) goes to the job log; --tee also writes each rank's
+    # stdout/stderr under $BF_LOG_DIR/node<N>/.
+    # shellcheck disable=SC2016  # $SLURM_NODEID must expand on each node, not here
+    # --cpus-per-task: the node's CPUs for the launcher, its ranks and their data-loader workers (Slurm 22.05's srun
+    # no longer inherits the job's --cpus-per-task, and one CPU would starve the loaders).
+    srun --nodes="$BF_NNODES" --ntasks="$BF_NNODES" --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}" \
+        --kill-on-bad-exit=1 --wait=60 --label \
+        bash -c 'mkdir -p "$0/node$SLURM_NODEID" && exec torchrun --node-rank="$SLURM_NODEID" \
+            --log-dir="$0/node$SLURM_NODEID" "$@"' "$BF_LOG_DIR" \
+        --nnodes="$BF_NNODES" --nproc-per-node="$BF_NPROC" --rdzv-backend=static \
+        --master-addr="$BF_MASTER_ADDR" --master-port="$BF_MASTER_PORT" --rdzv-conf="timeout=${RDZV_TIMEOUT:-900}" \
+        --max-restarts=0 --tee=3 --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \
+        --shutdown-timeout="${SAVE_TIMEOUT:-540}" \
+        trainer/pretrain.py --config "$config" "${BF_SETS[@]}" "$@" --resume auto &
+    BF_SRUN_PID=$!
+    while :; do
+        wait "$BF_SRUN_PID"
+        BF_RC=$?
+        kill -0 "$BF_SRUN_PID" 2>/dev/null || break  # wait was only interrupted by a trap: keep waiting
+    done
+    BF_SRUN_PID=""
+    return 0
+}
+
+# The trainer's own record of how the last launch ended (torchrun masks ranks' exit statuses).
+bf_run_status() {
+    python - "$BF_RUN_DIR/status.json" <<'EOF' 2>/dev/null
+import json, sys
+print(json.load(open(sys.argv[1])).get("status", ""))
+EOF
+}
+
+bf_latest_checkpoint() {
+    local root=$BF_RUN_DIR/checkpoints
+    if [ -f "$root/latest" ]; then echo "$root/$(cat "$root/latest")"; else echo "none"; fi
+}
+
+# bf_check_launch: return 0 if the last bf_train completed; otherwise end the job the way the launch ended.
+# Preempted or out of time: requeue (Slurm requeues by itself after `scontrol requeue` or a preemption; after our own
+# USR1 the job asks for it). Failed: say where, what the last complete checkpoint is and how to resume, and exit
+# non-zero so the job shows FAILED.
+bf_check_launch() {
+    local status
+    status=$(bf_run_status)
+    if [ "$BF_RC" -eq 0 ] && [ -z "$BF_SIGNAL" ]; then
+        bf_log "launch finished (trainer status ${status:-unknown}); checkpoint: $(bf_latest_checkpoint)"
+        return 0
+    fi
+    if [ "$BF_SIGNAL" = USR1 ] || { [ -z "$BF_SIGNAL" ] && [ "$status" = preempted ]; }; then
+        bf_log "checkpoint saved ($(bf_latest_checkpoint)); requeueing job $SLURM_JOB_ID to resume with --resume auto"
+        scontrol requeue "$SLURM_JOB_ID" || bf_die "scontrol requeue $SLURM_JOB_ID failed: resubmit the same command"
+        exit 0
+    fi
+    if [ "$BF_SIGNAL" = TERM ]; then
+        bf_log "stopped by SIGTERM (preemption, scontrol requeue or scancel); last complete checkpoint:" \
+            "$(bf_latest_checkpoint); a requeued job resumes from it"
+        exit "$BF_EXIT_REQUEUE"
+    fi
+    {
+        echo "bertfamily: TRAINING FAILED: srun exit status $BF_RC (trainer status: ${status:-none})."
+        echo "  A node or rank died, or the rendezvous timed out (RDZV_TIMEOUT=${RDZV_TIMEOUT:-900} s); the srun errors"
+        echo "  above name the first failing node; its ranks' output is in $BF_LOG_DIR/node<N>/."
+        echo "  Last complete checkpoint: $(bf_latest_checkpoint)"
+        echo "  To resume, submit the same command again (same RUN_DIR): the trainer restarts from it (--resume auto)."
+    } >&2
+    exit "$BF_RC"
+}
+
+# bf_finish: end the job after its last launch.
+bf_finish() {
+    bf_check_launch
+    bf_log "job $SLURM_JOB_ID done: $BF_RUN_DIR"
+    exit 0
+}
