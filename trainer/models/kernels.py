@@ -82,7 +82,8 @@ def varlen_attention(qkv: torch.Tensor, packing: Packing, dropout_p: float = 0.0
         return fn(qkv, packing.cu_seqlens, packing.max_seqlen, dropout_p)
     if method == "nested":
         offsets = packing.cu_seqlens.long()
-        q, k, v = (torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2) for t in qkv.unbind(1))
+        q, k, v = (torch.nested.nested_tensor_from_jagged(t.contiguous(), offsets).transpose(1, 2)
+                   for t in qkv.unbind(1))
         ctx = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
         return ctx.transpose(1, 2).values()
     # padded fallback: scatter into the [B*T] grid, one dense masked SDPA call, gather the real rows back.

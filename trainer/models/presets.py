@@ -87,7 +87,7 @@ def _rows() -> dict[str, Preset]:
         "tiny-roberta": Preset(_roberta(64, 2, 4, vocab_size=1024, intermediate_size=128), ROBERTA_HEADS, "-"),
         "tiny-albert": Preset(_albert(64, 4, 4, vocab_size=1024, embedding_size=32, intermediate_size=128),
                               ALBERT_HEADS, "-"),
-        "tiny-electra": Preset(_electra(64, 2, 4, 0.5, vocab_size=1024, embedding_size=32, intermediate_size=128),
+        "tiny-electra": Preset(_electra(64, 2, 4, 0.25, vocab_size=1024, embedding_size=32, intermediate_size=128),
                                DISCRIMINATOR_HEADS, "-"),
         "tiny-ernie": Preset(_bert(64, 2, 4, vocab_size=1024, intermediate_size=128, extra_embeddings={"task": 3},
                                    family="ernie"), BERT_HEADS, "-"),
