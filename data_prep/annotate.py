@@ -26,6 +26,12 @@ boundaries (a gazetteer entry "York" must not match inside "Yorkshire"). The hoo
 Worker processes can do the expensive half themselves with ``DocumentAnnotator(annotator, tokenizer_dir)(sentences)``
 and hand the arrays to ``SidecarWriter.add_document_spans``.
 
+Corpora prepared without ``--annotate`` are annotated afterwards, from the shards alone:
+``python -m data_prep.annotate PREFIX --annotate jieba`` rebuilds each sequence's text from its tokens (``##``, ``Ġ``
+and ``▁`` conventions; no space between CJK characters) with exact token offsets, so no input is re-read. The text
+is the tokenizer's normalised form (lower-cased for uncased tokenizers, which suits jieba and lower-cased
+gazetteers; pass ``gazetteer-lower:FILE`` to lower-case the entries).
+
 Multi-pattern matching for gazetteers uses ``pyahocorasick`` (Aho-Corasick, linear in the text for any number of
 entries); Chinese segmentation and part-of-speech tags come from ``jieba`` with its bundled dictionary.
 """
@@ -214,9 +220,11 @@ def make_annotator(spec: str) -> Annotator:
         return JiebaAnnotator()
     if name == "gazetteer" and arg:
         return GazetteerAnnotator(arg)
+    if name == "gazetteer-lower" and arg:
+        return GazetteerAnnotator(arg, lowercase=True)
     if name == "jsonl" and arg:
         return JsonlAnnotator(arg)
-    raise ValueError(f"--annotate {spec!r}: expected jieba, gazetteer:FILE or jsonl:FILE")
+    raise ValueError(f"--annotate {spec!r}: expected jieba, gazetteer:FILE, gazetteer-lower:FILE or jsonl:FILE")
 
 
 def align_spans(char_spans: Sequence[CharSpan], offsets: np.ndarray) -> tuple[np.ndarray, int]:
@@ -302,8 +310,14 @@ class SidecarWriter:
         self.stats: Counter = Counter()
 
     def add_document(self, sentences: Sequence[str], ids_per_sentence: Sequence[Sequence[int]] | None = None):
+        """The sentences of one document as build_indexed adds them; sentences with no tokens are skipped, as
+        build_indexed skips them (they never become sequences)."""
         if self._doc is None:
             raise RuntimeError("SidecarWriter was made without an annotator; use add_document_spans")
+        if ids_per_sentence is not None:
+            keep = [i for i, ids in enumerate(ids_per_sentence) if len(ids)]
+            sentences = [sentences[i] for i in keep]
+            ids_per_sentence = [ids_per_sentence[i] for i in keep]
         self.add_document_spans(self._doc(sentences, ids_per_sentence))
 
     def add_document_spans(self, spans_per_sentence: Sequence[np.ndarray]):
@@ -383,3 +397,144 @@ def place_spans(spans_per_sequence: Sequence[np.ndarray], starts: Sequence[int],
         if len(spans):
             out.append(spans + np.array([start, start, 0], dtype=spans.dtype))
     return np.concatenate(out).astype(np.int32) if out else np.zeros((0, 3), np.int32)
+
+
+# --- annotating an existing corpus from its shards ----------------------------------------------------------------
+
+def _is_cjk(ch: str) -> bool:
+    o = ord(ch)
+    return 0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0x20000 <= o <= 0x2FA1F or 0xF900 <= o <= 0xFAFF
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the printable character byte-level BPE uses for each byte value."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+class SequenceText:
+    """Token ids of one sequence -> (text, offsets [n, 2]) rebuilt from the vocabulary, for annotating shards.
+
+    WordPiece/zh: ``##x`` continues a word, other tokens start one (a space before it unless both it and the
+    previous token are CJK); SentencePiece: ``▁`` starts a word; byte-level BPE: bytes decoded as UTF-8, ``Ġ`` = space.
+    Example (zh): [北, 京, ##s, is] -> "北京s is", offsets [[0,1],[1,2],[2,3],[4,6]].
+    """
+
+    def __init__(self, tokenizer):
+        self.kind = tokenizer.kind
+        self.vocab = tokenizer.tokens
+        self.special = set(int(i) for i in tokenizer.special_ids)
+        self._bytes = _byte_decoder() if self.kind == "bbpe" else None
+
+    def __call__(self, ids: Sequence[int]) -> tuple[str, np.ndarray]:
+        if self._bytes is not None:
+            return self._bbpe(ids)
+        parts, offsets, pos, prev_cjk = [], [], 0, False
+        for i in ids:
+            tok = self.vocab[int(i)]
+            if int(i) in self.special:
+                piece, glue = tok, False
+            elif self.kind == "unigram":
+                glue = not tok.startswith("▁")
+                piece = tok.lstrip("▁")
+            else:
+                glue = tok.startswith("##")
+                piece = tok[2:] if glue else tok
+            cjk = len(piece) == 1 and _is_cjk(piece)
+            if parts and not glue and not (cjk and prev_cjk):
+                parts.append(" ")
+                pos += 1
+            offsets.append((pos, pos + len(piece)))
+            parts.append(piece)
+            pos += len(piece)
+            prev_cjk = cjk
+        return "".join(parts), np.asarray(offsets, np.int64).reshape(-1, 2)
+
+    def _bbpe(self, ids: Sequence[int]) -> tuple[str, np.ndarray]:
+        raw, ends = bytearray(), []
+        for i in ids:
+            tok = self.vocab[int(i)]
+            raw.extend(tok.encode() if int(i) in self.special else bytes(self._bytes.get(c, 63) for c in tok))
+            ends.append(len(raw))
+        # char offset of each byte boundary (a boundary inside a multi-byte character rounds down to it)
+        text = raw.decode("utf-8", errors="replace")
+        char_at = np.zeros(len(raw) + 1, np.int64)
+        pos = 0
+        for k, ch in enumerate(text):
+            n = len(ch.encode("utf-8", errors="replace")) if ch != "\ufffd" else 1
+            char_at[pos + 1:pos + n + 1] = k + 1
+            pos += n
+        starts = [0] + ends[:-1]
+        offsets = np.stack([char_at[starts], char_at[ends]], axis=1) if ends else np.zeros((0, 2), np.int64)
+        # a leading space (Ġ) belongs to no word: start the token after it
+        for t, (a, b) in enumerate(offsets.tolist()):
+            if a < b and text[a] == " ":
+                offsets[t, 0] = a + 1
+        return text, offsets
+
+
+def annotate_corpus(prefix: str | Path, spec: str, progress: bool = True) -> list[dict]:
+    """Write the side-car of every shard of a prepared corpus (``PREFIX.manifest.json``); returns their headers."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset  # slow import: only this CLI path needs it
+    from tqdm import tqdm
+
+    from data_prep.manifest import manifest_path, read_manifest
+    from data_prep.tokenizer import load_tokenizer
+
+    manifest = read_manifest(prefix)
+    root = manifest_path(prefix).parent
+    tokenizer = load_tokenizer(manifest["tokenizer"]["path"])
+    annotator = make_annotator(spec)
+    to_text = SequenceText(tokenizer)
+    headers = []
+    total = sum(int(s.get("sentences", 0)) for s in manifest["shards"])
+    bar = tqdm(total=total, unit="seq", disable=not progress, desc="annotate")
+    for shard in manifest["shards"]:
+        shard_prefix = str(root / shard["prefix"])
+        ds = IndexedDataset(shard_prefix)
+        writer = SidecarWriter(shard_prefix, spec=spec)
+        for k in range(len(ds)):
+            text, offsets = to_text(ds[k])
+            spans, dropped = align_spans(annotator(text), offsets)
+            writer.stats["misaligned"] += dropped
+            writer.stats["entity"] += int((spans[:, 2] == ENTITY).sum())
+            writer.stats["phrase"] += int((spans[:, 2] == PHRASE).sum())
+            writer.add_document_spans([spans])
+            bar.update(1)
+        headers.append(writer.finalize())
+    bar.close()
+    return headers
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m data_prep.annotate",
+                                description="Write ERNIE phrase/entity side-cars for a prepared corpus's shards.")
+    p.add_argument("prefix", help="PREFIX of PREFIX.manifest.json (written by build_indexed.py)")
+    p.add_argument("--annotate", required=True, metavar="SPEC",
+                   help="jieba | gazetteer:FILE | gazetteer-lower:FILE | jsonl:FILE")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        headers = annotate_corpus(args.prefix, args.annotate, progress=not args.quiet)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+    seqs = sum(h["sequences"] for h in headers)
+    stats = Counter()
+    for h in headers:
+        stats.update(h["stats"])
+    print(f"annotated {seqs:,} sequences in {len(headers)} shard(s): {stats['entity']:,} entities, "
+          f"{stats['phrase']:,} phrases ({stats['misaligned']:,} matches off token boundaries dropped)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

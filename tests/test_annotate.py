@@ -68,7 +68,7 @@ def test_jsonl_spans_matched_by_text_and_bad_record_reported(tmp_path):
     bad.write_text('{"text": "abc", "spans": [[0, 9, "entity"]]}\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"bad.jsonl:1: span"):
         annotate.make_annotator(f"jsonl:{bad}")
-    with pytest.raises(ValueError, match="expected jieba, gazetteer:FILE or jsonl:FILE"):
+    with pytest.raises(ValueError, match="expected jieba, gazetteer:FILE"):
         annotate.make_annotator("spacy")
 
 
@@ -148,3 +148,57 @@ def test_place_spans_into_sample_and_drop_truncated():
     # [CLS] a(5 tokens) [SEP] b(truncated to 3 tokens) [SEP]
     placed = annotate.place_spans([a, b], starts=[1, 7], lengths=[5, 3])
     assert placed.tolist() == [[1, 3, ENTITY], [4, 6, PHRASE]]
+
+
+@pytest.mark.parametrize("kind", ["zh", "wordpiece", "bbpe"])
+def test_sequence_text_rebuilds_text_that_tokenizes_back(tmp_path, kind, zh_corpus, en_corpus):
+    """Offline annotation reads text rebuilt from shard tokens: re-encoding it must give the same ids, and each
+    token's offsets must cover its own characters."""
+    from data_prep import train_tokenizer
+    from data_prep.tokenizer import load_tokenizer
+
+    corpus = zh_corpus if kind == "zh" else en_corpus
+    out = tmp_path / kind
+    train_tokenizer.main(["--kind", kind, "--input", str(corpus), "--output", str(out), "--vocab-size", "2000",
+                          "--limit-bytes", "200K", "--quiet"])
+    tok = load_tokenizer(out)
+    lines = [l for l in corpus.read_text(encoding="utf-8").splitlines()[:400] if l.strip()]
+    to_text = annotate.SequenceText(tok)
+    same = 0
+    for ids in tok.encode_batch(lines):
+        text, offsets = to_text(ids)
+        assert len(offsets) == len(ids) and np.all(offsets[:, 0] <= offsets[:, 1])
+        assert np.all(np.diff(offsets[:, 0]) >= 0)
+        same += tok.encode(text) == ids
+    assert same / len(lines) > 0.97, f"{kind}: only {same}/{len(lines)} sequences re-encode to their ids"
+
+
+@pytest.mark.slow
+def test_annotate_existing_corpus_matches_in_build_annotation(tmp_path, zh_tok, zh_corpus):
+    """`python -m data_prep.annotate PREFIX --annotate jieba` on shards from build_indexed.py gives the side-car
+    the in-build hook gives from the original text (the zh tokenizer is lower-casing: Latin words may differ)."""
+    from data_prep import build_indexed
+    from data_prep.tokenizer import load_tokenizer
+
+    text = tmp_path / "zh.txt"
+    text.write_text("\n".join(zh_corpus.read_text(encoding="utf-8").splitlines()[:800]) + "\n", encoding="utf-8")
+    prefix = tmp_path / "corpus" / "zh"
+    assert build_indexed.main(["--input", str(text), "--tokenizer", str(zh_tok), "--output-prefix", str(prefix)]) == 0
+    assert annotate.main([str(prefix), "--annotate", "jieba", "--quiet"]) == 0
+    offline = annotate.SidecarReader(str(prefix) + "_00000")
+
+    # the hook's view: documents as build_indexed reads them (blank line between documents), original text
+    tok = load_tokenizer(zh_tok)
+    writer = annotate.SidecarWriter(tmp_path / "hook", annotate.make_annotator("jieba"), zh_tok)
+    doc = []
+    for line in text.read_text(encoding="utf-8").splitlines() + [""]:
+        if line.strip():
+            doc.append(line)
+        elif doc:
+            writer.add_document(doc, tok.encode_batch(doc))
+            doc = []
+    writer.finalize()
+    hook = annotate.SidecarReader(tmp_path / "hook", expect_sequences=len(offline))
+    a = {tuple(r) for r in np.asarray(offline.spans).tolist()}
+    b = {tuple(r) for r in np.asarray(hook.spans).tolist()}
+    assert len(a) > 1000 and len(a & b) / len(a | b) > 0.95
