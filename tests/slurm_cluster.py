@@ -170,10 +170,10 @@ class SlurmCluster:
             raise RuntimeError(f"{' '.join(args)} failed ({res.returncode}): {res.stderr.strip()}")
         return res
 
-    def sbatch(self, script: Path | str, *args: str, env: dict | None = None, cwd: Path | None = None) -> int:
-        """Submit ``script`` with sbatch flags ``args`` (flags before the script, as sbatch wants); the job id."""
-        flags = [a for a in args]
-        out = self.client("sbatch", "--parsable", *flags, str(script), env=env, cwd=cwd).stdout.strip()
+    def sbatch(self, script: Path | str, *flags: str, args: tuple[str, ...] = (), env: dict | None = None,
+               cwd: Path | None = None) -> int:
+        """``sbatch FLAGS SCRIPT ARGS`` (sbatch reads its flags before the script, the script gets ARGS); the job id."""
+        out = self.client("sbatch", "--parsable", *flags, str(script), *args, env=env, cwd=cwd).stdout.strip()
         return int(out.split(";")[0])
 
     def job(self, job_id: int) -> dict[str, str]:
