@@ -124,8 +124,10 @@ class LineFeed:
     def __iter__(self) -> Iterator[str]:
         from tqdm import tqdm
 
-        bar = tqdm(total=self.limit_bytes, unit="B", unit_scale=True, desc="reading", disable=not self.progress,
-                   mininterval=1.0)
+        total = self.limit_bytes
+        if total is None and self.progress:
+            total = sum(self._sources.input_bytes(p) for p in self.paths)  # on disk: compressed inputs run past it
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading", disable=not self.progress, mininterval=1.0)
         try:
             for path, budget in zip(self.paths, self.budgets):
                 yield from self._read(path, budget, bar)

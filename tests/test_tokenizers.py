@@ -241,6 +241,15 @@ def test_jsonl_gz_input_with_json_key(tmp_path, en_lines):
                                   "--json-key", "text", "--quiet"])
 
 
+def test_parse_size():
+    assert train_tokenizer.parse_size("12345") == 12345
+    assert train_tokenizer.parse_size("300K") == 300 * 1024
+    assert train_tokenizer.parse_size("1.5g") == 3 * 512 * 1024 ** 2
+    assert train_tokenizer.parse_size("10MB") == 10 * 1024 ** 2
+    with pytest.raises(Exception, match="expected a size like"):
+        train_tokenizer.parse_size("lots")
+
+
 def test_clear_errors(tmp_path, trained):
     with pytest.raises(TokenizerFolderError, match="does not exist"):
         load_tokenizer(tmp_path / "nope")
