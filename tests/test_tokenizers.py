@@ -34,7 +34,8 @@ def trained(tmp_path_factory, en_corpus, zh_corpus):
     root = tmp_path_factory.mktemp("tokenizers")
     out = {}
     for kind, corpus, extra in [("wordpiece", en_corpus, []), ("bbpe", en_corpus, []), ("unigram", en_corpus, []),
-                                ("zh", zh_corpus, []), ("wordpiece-cased", en_corpus, ["--cased"])]:
+                                ("zh", zh_corpus, []), ("wordpiece-cased", en_corpus, ["--cased"]),
+                                ("unigram-cased", en_corpus, ["--cased"])]:
         name = kind.split("-")[0]
         folder = root / kind
         rc = train_tokenizer.main(["--kind", name, "--input", str(corpus), "--output", str(folder), "--vocab-size",
@@ -98,6 +99,9 @@ def test_wordpiece_uncased_lowercases_and_cased_does_not(trained):
     tokens = [cased.id_to_token(i) for i in cased.encode("The United States")]
     assert any(t != t.lower() for t in tokens)
     assert all(t == t.lower() for t in (uncased.id_to_token(i) for i in uncased.encode("The United States")))
+    uni, uni_cased = load_tokenizer(trained["unigram"]), load_tokenizer(trained["unigram-cased"])
+    assert uni.encode("The CAT Sat, café") == uni.encode("the cat sat, cafe")  # ALBERT: lowercase, no accents
+    assert uni_cased.encode("The CAT Sat") != uni_cased.encode("the cat sat")
 
 
 def test_zh_gives_every_han_character_its_own_token(trained, zh_lines):
@@ -118,11 +122,12 @@ def test_zh_gives_every_han_character_its_own_token(trained, zh_lines):
     assert any(t.startswith("##") for t in latin)  # the Latin words are WordPiece-split, not characters
 
 
-@pytest.mark.parametrize("kind", ["wordpiece", "bbpe", "unigram", "zh"])
+@pytest.mark.parametrize("kind", ["wordpiece", "bbpe", "unigram", "zh", "wordpiece-cased", "unigram-cased"])
 def test_autotokenizer_matches_ours(trained, kind, en_lines, zh_lines):
     tok, hf = load_tokenizer(trained[kind]), _auto(trained[kind])
-    assert type(hf).__name__ == HF_CLASS[kind]
-    assert (hf.cls_token_id, hf.sep_token_id, hf.mask_token_id, hf.pad_token_id, hf.unk_token_id) == EXPECTED_IDS[kind]
+    name = kind.split("-")[0]
+    assert type(hf).__name__ == HF_CLASS[name]
+    assert (hf.cls_token_id, hf.sep_token_id, hf.mask_token_id, hf.pad_token_id, hf.unk_token_id) == EXPECTED_IDS[name]
     assert len(hf) == tok.vocab_size
     lines = (zh_lines if kind == "zh" else en_lines)[:300] + [ODD_TEXT, "Ünïcödé  CAFÉ  ``quoted''"]
     ours = tok.encode_batch(lines)
