@@ -8,13 +8,74 @@ by DLM batches and the segment table only by MLM batches. Registry name: ``ernie
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trainer.ernie.continual import ContinualConfig
+from trainer.ernie.knowledge_masking import KnowledgeMaskingConfig
 from trainer.models import MLM, HeadSpec, ModelConfig, PretrainingModel, flat_positions
 
 DLM = "dlm"
 ROLE = "role"
+
+
+class DlmConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    """Dialogue jsonl: {"turns": ["q", "r", ...]} or {"turns": [{"role": "Q"|"R", "text": ...}, ...]} per line."""
+    every: int = Field(4, ge=1)
+    """Every N-th step is a DLM step (all its micro-batches on all ranks); the others are MLM steps."""
+    num_turns: int = Field(3, ge=2)
+    fake_prob: float = Field(0.5, ge=0.0, le=1.0)
+    """Probability that one turn of a sample is replaced by a turn of another dialogue (label: fake)."""
+    annotate: str | None = None
+    """Annotator for knowledge masking inside turns (jieba | gazetteer:FILE | jsonl:FILE); None = basic units."""
+
+
+class PairTaskConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    """jsonl with {"text_a", "text_b", "label"} per line (IR relevance: query and title)."""
+    labels: list[str | int] = Field(min_length=2)
+    """Every class, in the order of the classifier's outputs."""
+
+
+class ErnieObjectiveConfig(BaseModel):
+    """The ``objective`` section of ERNIE recipes (``name: ernie`` for 1.0, ``ernie2`` for 2.0)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["ernie", "ernie2"]
+    knowledge_masking: KnowledgeMaskingConfig = Field(default_factory=KnowledgeMaskingConfig)
+    dlm: DlmConfig | None = None
+    """ERNIE 1.0 only: the dialogue language model, trained jointly with MLM."""
+    continual: ContinualConfig | None = None
+    """ERNIE 2.0 only: its tasks and their schedule (required)."""
+    reorder_max_pieces: int = Field(3, ge=1, le=5)
+    """Sentence reordering: at most m pieces, k = 1! + ... + m! classes."""
+    discourse: PairTaskConfig | None = None
+    ir_relevance: PairTaskConfig | None = None
+    token_document_max_tokens: int = Field(4096, ge=1)
+    """Token-document relation looks at up to this many tokens of the rest of the document."""
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.name == "ernie2" and self.continual is None:
+            raise ValueError("objective.continual is required for ernie2 (its tasks and their iterations)")
+        if self.name == "ernie" and self.continual is not None:
+            raise ValueError("objective.continual is for ernie2; ERNIE 1.0 (name: ernie) trains MLM (+ dlm)")
+        if self.name == "ernie2" and self.dlm is not None:
+            raise ValueError("objective.dlm is ERNIE 1.0's; for ernie2 remove it")
+        if self.continual is not None:
+            for task in ("discourse", "ir_relevance"):
+                if any(t.name == task for t in self.continual.tasks) and getattr(self, task) is None:
+                    raise ValueError(f"objective.continual lists {task}: give objective.{task}.path and labels")
+        return self
 
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,6 +110,10 @@ class ErnieObjective:
     def __init__(self, dlm: bool = False):
         self.dlm = dlm
 
+    @classmethod
+    def from_config(cls, cfg: ErnieObjectiveConfig) -> "ErnieObjective":
+        return cls(dlm=cfg.dlm is not None)
+
     def heads(self, model_cfg: ModelConfig) -> dict[str, HeadSpec]:
         heads = {MLM: HeadSpec("mlm")}
         if self.dlm:
@@ -78,5 +143,7 @@ class ErnieObjective:
         if is_dlm:
             dlm_loss, dlm_acc = classification_loss(out[DLM], batch["dlm_label"])
             loss = loss + dlm_loss
-            metrics.update(dlm_loss=dlm_loss.detach(), dlm_acc=dlm_acc, dlm_mlm_loss=metrics.pop("mlm_loss"))
+            # DLM steps log their masked-LM part under its own name: it is measured on dialogue text, not corpus text
+            metrics = {"dlm_loss": dlm_loss.detach(), "dlm_acc": dlm_acc, "dlm_mlm_loss": metrics["mlm_loss"],
+                       "dlm_mlm_acc": acc}
         return loss, metrics

@@ -1,0 +1,283 @@
+"""ERNIE samples over the prepared corpora: knowledge-masked rows (1.0), DLM rows, and ERNIE 2.0 multi-task rows.
+
+Built on ``trainer.data.PretrainingDataset`` for everything that is not ERNIE-specific: the cached sample index
+(``doc-sentences`` chunks: consecutive sentences of one document within ``max_seq_length``), the per-epoch order,
+blending, and the per-sample generator ``sample_rng(seed, corpus, epoch, sample id)``. What a position builds depends
+also on its optimizer step ``position // global_batch`` (the knowledge-masking level; the ERNIE 2.0 tasks of that
+step; DLM or MLM), which is again a function of the position, so a sample stays a pure function of (seed, position)
+and resumes exactly. All samples of one step share a task set, so every micro-batch has the same keys on every rank.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from data_prep.annotate import SidecarReader
+from data_prep.manifest import manifest_path
+from trainer.data.dataset import PretrainingDataset, sample_rng
+from trainer.ernie import tasks as T
+from trainer.ernie.dlm import DialogueFile, dlm_sample
+from trainer.ernie.knowledge_masking import KnowledgeMaskingConfig, knowledge_mask
+
+IGNORE = -100
+DLM_CORPUS_KEY = 0xDD  # corpus slot of sample_rng for DLM samples (real corpora are numbered from 0)
+PAIR_CORPUS_KEY = 0xDE
+
+
+class CorpusSpans:
+    """The side-car spans of every shard of an ``IndexedCorpus``, by global sentence index."""
+
+    def __init__(self, corpus):
+        root = manifest_path(corpus.prefix).parent
+        self.readers, starts = [], [0]
+        for spec in corpus.manifest["shards"]:
+            reader = SidecarReader(root / spec["prefix"], expect_sequences=int(spec["sentences"]))
+            self.readers.append(reader)
+            starts.append(starts[-1] + len(reader))
+        self.starts = np.asarray(starts, np.int64)
+
+    def range(self, start: int, end: int) -> np.ndarray:
+        """Spans of sentences [start, end): int64 [k, 4] (global sentence, token start, token end, kind)."""
+        out = []
+        k = int(np.searchsorted(self.starts, start, side="right")) - 1
+        while start < end:
+            stop = min(end, int(self.starts[k + 1]))
+            part = self.readers[k].range(start - int(self.starts[k]), stop - int(self.starts[k])).astype(np.int64)
+            part[:, 0] += self.starts[k]
+            out.append(part)
+            start, k = stop, k + 1
+        return np.concatenate(out) if out else np.zeros((0, 4), np.int64)
+
+
+def place_chunk_spans(spans: np.ndarray, start: int, cum: np.ndarray, offset: int, budget: int) -> np.ndarray:
+    """Spans of a chunk's sentences -> row positions: sentence s begins at ``offset + cum[s] - cum[start]``; spans
+    past the ``budget`` (tokens kept after truncation) are dropped whole. Returns [k, 3]."""
+    if len(spans) == 0:
+        return np.zeros((0, 3), np.int64)
+    shift = offset + cum[spans[:, 0]] - cum[start]
+    placed = np.stack([spans[:, 1] + shift, spans[:, 2] + shift, spans[:, 3]], axis=1)
+    return placed[placed[:, 1] <= offset + budget]
+
+
+class ErnieCorpusBase(PretrainingDataset):
+    """PretrainingDataset with ``doc-sentences`` chunks, ERNIE's masking, and the step of every position."""
+
+    def __init__(self, cfg, tokenizer, seed: int, split: str, km: KnowledgeMaskingConfig, global_batch: int,
+                 spans: bool):
+        if cfg.format != "doc-sentences" or cfg.pack_doc_sentences:
+            raise ValueError("ERNIE samples are built from data.format: doc-sentences with "
+                             "data.pack_doc_sentences: false (one document's consecutive sentences per row)")
+        super().__init__(cfg, tokenizer, seed, split)
+        self.km, self.global_batch = km, int(global_batch)
+        self.tok = tokenizer
+        self.word_start = np.asarray(tokenizer.word_start, bool)
+        self.special = np.asarray(tokenizer.special_ids, np.int64)
+        special = np.zeros(tokenizer.vocab_size, bool)
+        special[self.special] = True
+        self.random_ids = np.flatnonzero(~special)
+        self.spans = [CorpusSpans(c) for c in self.corpora] if spans else None
+        self.cums = [b.cum for b in self.builders]
+
+    def chunk(self, c: int, sample_id: int) -> tuple[int, int]:
+        start, end, _ = (int(x) for x in self.builders[c].index.sample_chunks(sample_id)[0])
+        return start, end
+
+    def mask_row(self, ids: np.ndarray, spans: np.ndarray, level: str, rng) -> dict:
+        ids = np.asarray(ids, np.int64)[None]
+        cand = ~np.isin(ids, self.special)
+        rows = np.concatenate([np.zeros((len(spans), 1), np.int64), spans.reshape(-1, 3)], axis=1)
+        m = knowledge_mask(ids, cand, self.word_start[ids], rows, level, self.km, self.tok.mask_id, self.random_ids,
+                           rng)
+        keep = m["mlm_labels"][0] != IGNORE
+        return {"input_ids": m["input_ids"][0], "mlm_positions": m["mlm_positions"][0][keep],
+                "mlm_labels": m["mlm_labels"][0][keep]}
+
+    def corpus_row(self, c: int, sample_id: int, level: str, rng) -> tuple[dict, int, int]:
+        """[CLS] sentences [SEP] of the sample's chunk, knowledge-masked at ``level``."""
+        start, end = self.chunk(c, sample_id)
+        budget = self.cfg.max_seq_length - 2
+        toks = self.corpora[c].read(start, end)[:budget]
+        ids = np.concatenate([[self.tok.cls_id], toks, [self.tok.sep_id]]).astype(np.int64)
+        spans = np.zeros((0, 3), np.int64)
+        if self.spans is not None and level != "basic":
+            spans = place_chunk_spans(self.spans[c].range(start, end), start, self.cums[c], 1, len(toks))
+        row = self.mask_row(ids, spans, level, rng)
+        row["token_type_ids"] = np.zeros(len(ids), np.int64)
+        row["original_ids"] = ids
+        return row, start, end
+
+
+class KnowledgeMaskedDataset(ErnieCorpusBase):
+    """ERNIE 1.0: corpus rows knowledge-masked at the level of their step; every ``dlm.every``-th step a DLM batch."""
+
+    def __init__(self, cfg, tokenizer, seed, split, km, global_batch, dialogues: DialogueFile | None = None,
+                 dlm_every: int = 0, dlm_turns: int = 3, dlm_fake_prob: float = 0.5):
+        super().__init__(cfg, tokenizer, seed, split, km, global_batch,
+                         spans=any(s.level != "basic" for s in km.stages))
+        self.dialogues, self.dlm_every = dialogues, dlm_every
+        self.dlm_turns, self.dlm_fake_prob = dlm_turns, dlm_fake_prob
+
+    def is_dlm_step(self, step: int) -> bool:
+        return self.dialogues is not None and self.dlm_every > 0 and step % self.dlm_every == self.dlm_every - 1
+
+    def __getitem__(self, position: int) -> dict:
+        step = position // self.global_batch
+        level = self.km.level_at(step)
+        if self.is_dlm_step(step):
+            rng = sample_rng(self.seed, DLM_CORPUS_KEY, 0, position)
+            s = dlm_sample(self.dialogues, int(rng.integers(0, len(self.dialogues))), rng, self.cfg.max_seq_length,
+                           self.tok.cls_id, self.tok.sep_id, self.dlm_turns, self.dlm_fake_prob)
+            row = self.mask_row(s["input_ids"], s["spans"], level, rng)
+            row.update(role_ids=s["role_ids"], dlm_label=s["dlm_label"])
+            return row
+        c, epoch, sample_id = self.locate(position)
+        row, _, _ = self.corpus_row(c, sample_id, level, sample_rng(self.seed, c, epoch, sample_id))
+        del row["original_ids"]
+        return row
+
+
+class MultiTaskDataset(ErnieCorpusBase):
+    """ERNIE 2.0: the row of a position is built for the tasks of its step (``ContinualPlan.tasks_at``)."""
+
+    def __init__(self, cfg, tokenizer, seed, split, km, global_batch, plan, reorder_max_pieces: int = 3,
+                 pair_files: dict | None = None, token_document_max_tokens: int = 4096):
+        super().__init__(cfg, tokenizer, seed, split, km, global_batch,
+                         spans=any(s.level != "basic" for s in km.stages))
+        self.plan, self.m = plan, reorder_max_pieces
+        self.pair_files = pair_files or {}
+        self.tokdoc_max = token_document_max_tokens
+        self.lower_id = self.capital = None
+        if "capitalization" in plan.names:
+            self.lower_id, self.capital = T.capitalization_tables(tokenizer.tokens)
+            if not self.capital.any() or (self.lower_id != np.arange(len(self.lower_id))).sum() == 0:
+                raise ValueError("the capitalization task needs a cased tokenizer with both spellings of words "
+                                 "(train it with --cased); this one has no upper/lower-case pairs")
+
+    def __getitem__(self, position: int) -> dict:
+        step = position // self.global_batch
+        names = set(self.plan.tasks_at(step))
+        level = self.km.level_at(step)
+        sentence_task = next((n for n in self.plan.names if n in names and n in SENTENCE_TASKS), None)
+        if sentence_task in ("discourse", "ir_relevance"):
+            rng = sample_rng(self.seed, PAIR_CORPUS_KEY, 0, position)
+            f = self.pair_files[sentence_task]
+            a, b, label = f[int(rng.integers(0, len(f)))]
+            ids, types = T.pair_row(a, b, self.cfg.max_seq_length, self.tok.cls_id, self.tok.sep_id)
+            row = self._token_tasks(ids, np.zeros((0, 3), np.int64), level, rng, names, None)
+            row["token_type_ids"] = types
+            row[f"{sentence_task}_label"] = label
+        else:
+            c, epoch, sample_id = self.locate(position)
+            rng = sample_rng(self.seed, c, epoch, sample_id)
+            start, end = self.chunk(c, sample_id)
+            if sentence_task == "sentence_reorder":
+                ids, label = self._reorder_row(c, start, end, rng)
+                row = self._token_tasks(ids, np.zeros((0, 3), np.int64), level, rng, names, (c, start, end))
+                row["token_type_ids"] = np.zeros(len(ids), np.int64)
+                row["sentence_reorder_label"] = label
+            elif sentence_task == "sentence_distance":
+                ids, types, label, used = self._distance_row(c, start, rng)
+                row = self._token_tasks(ids, np.zeros((0, 3), np.int64), level, rng, names, (c,) + used)
+                row["token_type_ids"] = types
+                row["sentence_distance_label"] = label
+            else:
+                budget = self.cfg.max_seq_length - 2
+                toks = self.corpora[c].read(start, end)[:budget]
+                ids = np.concatenate([[self.tok.cls_id], toks, [self.tok.sep_id]]).astype(np.int64)
+                spans = np.zeros((0, 3), np.int64)
+                if self.spans is not None and level != "basic":
+                    spans = place_chunk_spans(self.spans[c].range(start, end), start, self.cums[c], 1, len(toks))
+                row = self._token_tasks(ids, spans, level, rng, names, (c, start, end))
+                row["token_type_ids"] = np.zeros(len(ids), np.int64)
+        row["task_ids"] = np.full(len(row["input_ids"]), T.TASK_ID[sentence_task or "mlm"], np.int64)
+        return row
+
+    def _token_tasks(self, ids, spans, level, rng, names, source) -> dict:
+        cand = ~np.isin(ids, self.special)
+        out = {}
+        if "capitalization" in names:
+            ids, labels = T.capitalization_labels(ids, cand, self.word_start[ids], self.lower_id, self.capital)
+            out["capitalization_labels"] = labels
+        if "token_document" in names:
+            out["token_document_labels"] = self._token_document(ids, cand, source)
+        if "mlm" in names:
+            out.update(self.mask_row(ids, spans, level, rng))
+        else:
+            out["input_ids"] = ids
+        return out
+
+    def _token_document(self, ids, cand, source) -> np.ndarray:
+        if source is None:  # labelled pairs from a user file have no document
+            return np.full(len(ids), IGNORE, np.int64)
+        c, start, end = source[0], source[1], source[-1]
+        corpus = self.corpora[c]
+        d = int(corpus.document_of(start))
+        d0, d1 = int(corpus.doc_starts[d]), int(corpus.doc_starts[d + 1])
+        rest = np.concatenate([corpus.read(d0, start), corpus.read(end, d1)])[:self.tokdoc_max]
+        return T.token_document_labels(ids, rest, cand)
+
+    def _reorder_row(self, c, start, end, rng) -> tuple[np.ndarray, int]:
+        sentences = [self.corpora[c].read(k, k + 1) for k in range(start, end)]
+        budget = self.cfg.max_seq_length - 1 - self.m  # [CLS] and one [SEP] per piece, at most m pieces
+        kept, total = [], 0
+        for s in sentences:
+            if total >= budget:
+                break
+            kept.append(s[:budget - total])
+            total += len(kept[-1])
+        pieces, label = T.reorder_sample(kept, self.m, rng)
+        ids = [self.tok.cls_id]
+        for p in pieces:
+            ids.extend(p.tolist())
+            ids.append(self.tok.sep_id)
+        return np.asarray(ids, np.int64), label
+
+    def _distance_row(self, c, start, rng):
+        corpus = self.corpora[c]
+        i, j, label = T.sentence_distance_pair(start, corpus.doc_starts, rng)
+        ids, types = T.pair_row(corpus.read(i, i + 1), corpus.read(j, j + 1), self.cfg.max_seq_length,
+                                self.tok.cls_id, self.tok.sep_id)
+        return ids, types, label, (i, i + 1)
+
+
+SENTENCE_TASKS = ("sentence_reorder", "sentence_distance", "discourse", "ir_relevance")
+SCALAR_KEYS = ("dlm_label", "sentence_reorder_label", "sentence_distance_label", "discourse_label",
+               "ir_relevance_label")
+PAD = {"token_type_ids": 0, "role_ids": 0, "task_ids": 0, "capitalization_labels": IGNORE,
+       "token_document_labels": IGNORE}
+
+
+class ErnieCollator:
+    """numpy rows -> the DESIGN.md batch (torch int64): padded ``input_ids`` / ``attention_mask``, ``mlm_positions``
+    and ``mlm_labels`` padded to P, the ERNIE per-token keys (PAD) and per-sample labels (SCALAR_KEYS) present.
+    Which keys a batch has depends only on its step, so it is the same on every rank: objectives pick their losses
+    by key presence without a collective."""
+
+    def __init__(self, pad_id: int, max_predictions: int):
+        self.pad_id, self.P = int(pad_id), int(max_predictions)
+
+    def __call__(self, samples: list[dict]) -> dict:
+        B = len(samples)
+        Tm = max(len(s["input_ids"]) for s in samples)
+        batch = {"input_ids": np.full((B, Tm), self.pad_id, np.int64), "attention_mask": np.zeros((B, Tm), np.int64)}
+        if "mlm_positions" in samples[0]:  # absent on ERNIE 2.0 steps without the MLM task
+            batch["mlm_positions"] = np.zeros((B, self.P), np.int64)
+            batch["mlm_labels"] = np.full((B, self.P), IGNORE, np.int64)
+        for key, pad in PAD.items():
+            if key in samples[0]:
+                batch[key] = np.full((B, Tm), pad, np.int64)
+        for b, s in enumerate(samples):  # B rows of numpy slices: the per-token work is in numpy
+            n = len(s["input_ids"])
+            batch["input_ids"][b, :n] = s["input_ids"]
+            batch["attention_mask"][b, :n] = 1
+            for key in PAD:
+                if key in batch:
+                    batch[key][b, :n] = s[key]
+            if "mlm_positions" in s:
+                k = len(s["mlm_positions"])
+                batch["mlm_positions"][b, :k] = s["mlm_positions"]
+                batch["mlm_labels"][b, :k] = s["mlm_labels"]
+        for key in SCALAR_KEYS:
+            if key in samples[0]:
+                batch[key] = np.asarray([s[key] for s in samples], np.int64)
+        return {k: torch.from_numpy(v) for k, v in batch.items()}

@@ -1,0 +1,94 @@
+"""ERNIE 2.0 objective: the tasks of the continual multi-task plan, each a head and a loss, summed in one step.
+
+Heads (one per task in ``objective.continual.tasks``): ``mlm`` (vocabulary logits at the masked positions),
+``capitalization`` and ``token_document`` (2-way per token), ``sentence_reorder`` (k = 1! + ... + m! classes),
+``sentence_distance`` (3), ``discourse`` and ``ir_relevance`` (their label lists). A batch carries the labels of the
+tasks its step trains (``trainer/ernie/data.py``); the loss is the weighted sum of those tasks' losses, and each task's
+loss and accuracy are reported as ``<task>_loss`` / ``<task>_acc``. Task embeddings: the model needs
+``extra_embeddings.task`` with at least ``len(trainer.ernie.tasks.TASKS)`` rows. Registry name: ``ernie2``.
+"""
+from __future__ import annotations
+
+import torch
+
+from trainer.ernie import tasks as T
+from trainer.ernie.continual import ContinualConfig
+from trainer.models import MLM, HeadSpec, ModelConfig, PretrainingModel, flat_positions
+from trainer.objectives.ernie import ErnieObjectiveConfig, classification_loss, mlm_loss
+
+TOKEN_LABELS = {"capitalization": "capitalization_labels", "token_document": "token_document_labels"}
+SENTENCE_LABELS = {"sentence_reorder": "sentence_reorder_label", "sentence_distance": "sentence_distance_label",
+                   "discourse": "discourse_label", "ir_relevance": "ir_relevance_label"}
+
+
+class Ernie2Objective:
+    name = "ernie2"
+
+    def __init__(self, continual: ContinualConfig, reorder_max_pieces: int = 3, num_labels: dict | None = None):
+        self.tasks = {t.name: t for t in continual.tasks}
+        unknown = set(self.tasks) - set(T.TASKS) - {"dlm"}
+        if unknown or "dlm" in self.tasks:
+            raise ValueError(f"objective.continual.tasks: unknown task(s) {sorted(unknown | ({'dlm'} & set(self.tasks)))}"
+                             f"; ERNIE 2.0 tasks are {[t for t in T.TASKS if t != 'dlm']}")
+        self.num_labels = {"capitalization": 2, "token_document": 2,
+                           "sentence_reorder": T.num_reorder_classes(reorder_max_pieces), "sentence_distance": 3,
+                           **(num_labels or {})}
+
+    @classmethod
+    def from_config(cls, cfg: ErnieObjectiveConfig) -> "Ernie2Objective":
+        labels = {name: len(getattr(cfg, name).labels) for name in ("discourse", "ir_relevance")
+                  if getattr(cfg, name) is not None}
+        return cls(cfg.continual, cfg.reorder_max_pieces, labels)
+
+    def heads(self, model_cfg: ModelConfig) -> dict[str, HeadSpec]:
+        if model_cfg.extra_embeddings.get("task", 0) < len(T.TASKS):
+            raise ValueError(f"ernie2 needs model.extra_embeddings.task >= {len(T.TASKS)} (one row per ERNIE task id "
+                             f"in trainer/ernie/tasks.TASKS), got {model_cfg.extra_embeddings.get('task')}")
+        heads = {}
+        for name in self.tasks:
+            if name == "mlm":
+                heads[MLM] = HeadSpec("mlm")
+            elif name in TOKEN_LABELS:
+                heads[name] = HeadSpec("token", 2)
+            else:
+                heads[name] = HeadSpec("sequence", self.num_labels[name])
+        return heads
+
+    def build_model(self, model_cfg: ModelConfig) -> torch.nn.Module:
+        return PretrainingModel(model_cfg, self.heads(model_cfg))
+
+    def data_requirements(self) -> dict:
+        return {"format": "doc-sentences", "masking": "knowledge", "tasks": list(self.tasks)}
+
+    def loss(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        ids = batch["input_ids"]
+        has_mlm = "mlm_labels" in batch
+        positions = labels = None
+        if has_mlm:
+            positions, labels = flat_positions(batch["mlm_positions"], batch["mlm_labels"], ids.shape[1])
+        out = model(ids, batch["attention_mask"], batch.get("token_type_ids"), {"task": batch["task_ids"]},
+                    positions if has_mlm else torch.zeros(0, dtype=torch.long, device=ids.device))
+        total = None
+        metrics: dict[str, torch.Tensor] = {}
+
+        def add(name, loss, acc):
+            nonlocal total
+            weighted = loss * self.tasks[name].loss_weight
+            total = weighted if total is None else total + weighted
+            metrics[f"{name}_loss"] = loss.detach()
+            metrics[f"{name}_acc"] = acc
+
+        if has_mlm:
+            add("mlm", *mlm_loss(out[MLM], labels))
+        for name, key in {**TOKEN_LABELS, **SENTENCE_LABELS}.items():
+            if key in batch:
+                add(name, *classification_loss(out[name], batch[key]))
+        if total is None:
+            raise ValueError(f"batch has no labels of the objective's tasks {sorted(self.tasks)}: keys {sorted(batch)}")
+        # Heads of tasks this step does not train still get a (zero) gradient, so every parameter takes part in
+        # every step: DeepSpeed's ZeRO reduction and the optimizer see the same set on every rank and step.
+        trained = {f"{n}_loss" for n in self.tasks} & set(metrics)
+        idle = [out[MLM if n == "mlm" else n] for n in self.tasks if f"{n}_loss" not in trained]
+        if idle:
+            total = total + sum(x.sum() for x in idle) * 0.0
+        return total, metrics
