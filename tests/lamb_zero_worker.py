@@ -80,22 +80,27 @@ def micro_batch(step: int, micro: int, rank: int, world: int, grad_acc: int):
     return ids[rows], targets[rows]
 
 
-def _ds_config(stage: int, world: int, grad_acc: int, universal: bool = False) -> dict:
+def _ds_config(stage: int, world: int, grad_acc: int, universal: bool = False, bf16: bool = False) -> dict:
     cfg = {
         "train_batch_size": GLOBAL_BATCH,
         "gradient_accumulation_steps": grad_acc,
         "train_micro_batch_size_per_gpu": GLOBAL_BATCH // (world * grad_acc),
-        "gradient_clipping": CLIP,
+        "gradient_clipping": 0.0 if bf16 else CLIP,  # the bf16 check replays one step from DeepSpeed's own grads
         "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10 ** 9,
     }
     if universal:
         cfg["checkpoint"] = {"load_universal": True}
+    if bf16:
+        # fp32 gradient accumulation makes ZeRO-1 use DeepSpeed's BF16_Optimizer, the other flat-partition wrapper.
+        cfg["bf16"] = {"enabled": True}
+        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     return cfg
 
 
-def _engine(stage: int, world: int, bind: bool, grad_acc: int = GRAD_ACC, universal: bool = False):
+def _engine(stage: int, world: int, bind: bool, grad_acc: int = GRAD_ACC, universal: bool = False,
+            bf16: bool = False):
     import deepspeed
 
     from trainer.optim.lamb import Lamb, bind_zero_layout
@@ -103,7 +108,7 @@ def _engine(stage: int, world: int, bind: bool, grad_acc: int = GRAD_ACC, univer
 
     model = make_model()
     opt = Lamb(param_groups(model, HP["weight_decay"], mark_trust_ratio=True), **HP)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=_ds_config(stage, world, grad_acc, universal))
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=_ds_config(stage, world, grad_acc, universal, bf16))
     if bind:
         bind_zero_layout(engine)
     return engine
@@ -132,6 +137,36 @@ def _full_params(engine, stage: int) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in params}
 
 
+def _bf16_step(stage: int, world: int, rank: int, bind: bool, warmup: int = 5) -> dict:
+    """bf16 (fp32 masters): the full fp32 masters, gradients and moments before one engine step, and the masters
+    after it, read through DeepSpeed's ``safe_get_full_*`` so the test can replay that step with the reference.
+
+    bf16 forward/backward noise makes 20-step trajectories drift by ~0.1 from a float64 run, so the check is one step.
+    """
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state
+
+    engine = _engine(stage, world, bind=bind, bf16=True)
+    _train(engine, range(warmup), rank, world)
+    for micro in range(GRAD_ACC):
+        ids, targets = micro_batch(warmup, micro, rank, world, GRAD_ACC)
+        engine.backward(engine(ids, targets))
+        if micro < GRAD_ACC - 1:
+            engine.step()
+    named = list(engine.module.named_parameters())
+    if hasattr(engine.optimizer, "_hp_optimizer_states_linked"):
+        # DeepSpeed links optimizer-state fragments right after the first step of the first param group, before the
+        # second group has any state (ZeRO 1/2 step one group at a time): relink so safe_get_full_optimizer_state
+        # finds the excluded group's moments too.
+        engine.optimizer._hp_optimizer_states_linked = False
+        engine.optimizer._lazy_init_hp_params_optimizer_state()
+    before = {n: {"w": safe_get_full_fp32_param(p).clone(), "g": safe_get_full_grad(p).float().clone(),
+                  "m": safe_get_full_optimizer_state(p, "exp_avg").clone(),
+                  "v": safe_get_full_optimizer_state(p, "exp_avg_sq").clone()} for n, p in named}
+    engine.step()
+    after = {n: safe_get_full_fp32_param(p).clone() for n, p in named}
+    return {"before": before, "after": after, "t": warmup, "wrapper": type(engine.optimizer).__name__}
+
+
 def _cut_params(engine) -> int:
     """How many parameters ZeRO 1/2 cut at this rank's partition boundary (the case a naive LAMB gets wrong)."""
     cut = 0
@@ -147,6 +182,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--stages", default="0,1,2,3", help="ZeRO stages to train with the bound (correct) Lamb")
     parser.add_argument("--naive", default="", help="stages to also train without bind_zero_layout")
+    parser.add_argument("--bf16", default="", help="stages to train in bf16, bound and naive")
     parser.add_argument("--resume-dir", help="ZeRO-2: save at step 10, resume into a new engine, finish at 20")
     parser.add_argument("--load-universal", help="ZeRO-2: load DIR/global_step10_universal, finish at 20")
     args = parser.parse_args(argv)
@@ -165,6 +201,10 @@ def main(argv=None) -> None:
         engine = _engine(stage, world, bind=False)
         _train(engine, range(STEPS), rank, world)
         results[f"naive{stage}"] = {"params": _full_params(engine, stage)}
+
+    for stage in [int(s) for s in args.bf16.split(",") if s]:
+        for bind in (True, False):
+            results[f"bf16_{'zero' if bind else 'naive'}{stage}"] = _bf16_step(stage, world, rank, bind)
 
     if args.resume_dir:
         engine = _engine(2, world, bind=True)

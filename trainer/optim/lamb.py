@@ -31,9 +31,11 @@ ZeRO: DeepSpeed gives a client optimizer flat fp32 partitions, not parameters, s
 over pieces of several parameters (wrong, and different for every world size). ``bind_zero_layout(engine)`` attaches a
 ``PartitionLayout`` (built in ``zero_lamb.py``, the one module that reads ZeRO internals) mapping every element of each
 flat partition to its original parameter's slot. ``step`` then sums ``w^2`` and ``u^2`` per slot with ``index_add_``
-(no Python loop over segments), all-reduces one ``[2, slots + 1]`` fp32 tensor over the data-parallel group (one
-collective per ``step`` call: per engine step under ZeRO 1/2, per sub-group under ZeRO 3, which DeepSpeed steps one at
-a time), and scales each element of the update by its parameter's ratio.
+(no Python loop over segments), all-reduces one ``[2, slots + 1]`` fp32 tensor over the data-parallel group, and
+scales each element of the update by its parameter's ratio. That is one collective per ``step`` call that has a
+trust-ratio group: DeepSpeed calls ``step`` once per param group under ZeRO 1/2 and once per sub-group under ZeRO 3
+(``sub_group_size``, 1e9 elements by default), so with ``param_groups``' two groups (one excluded) it is one small
+all-reduce per engine step. ``slots`` is the number of parameter tensors (~400 for BERT-large: ~3 KB).
 
 State per tensor is ``exp_avg``, ``exp_avg_sq`` (same shape as the tensor, like torch Adam's, which is what DeepSpeed's
 universal checkpoint reshards) and ``step`` (an int).
