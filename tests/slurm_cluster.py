@@ -183,9 +183,11 @@ class SlurmCluster:
     def node(self, name: str) -> dict[str, str]:
         return parse_record(self.client("scontrol", "show", "node", "-o", name).stdout)
 
-    def all_idle(self) -> bool:
+    def all_idle(self, strict: bool = False) -> bool:
+        """Every node idle (strict: also done cleaning up after a job, no +COMPLETING flag)."""
         try:
-            return all(self.node(n).get("State", "").split("+")[0] == "IDLE" for n in self.nodes)
+            states = [self.node(n).get("State", "") for n in self.nodes]
+            return all((s == "IDLE") if strict else (s.split("+")[0] == "IDLE") for s in states)
         except RuntimeError:
             return False
 
@@ -210,7 +212,9 @@ class SlurmCluster:
         while time.monotonic() < deadline:
             info = self.job(job_id)
             if info.get("JobState") == "PENDING":
-                if info.get("Reason") == "BeginTime":
+                # Only once the previous run has left the nodes: starting it earlier gets the new launch refused
+                # ("Job credential revoked") and the job FAILED, which is what Slurm's hold protects against.
+                if info.get("Reason") == "BeginTime" and self.all_idle(strict=True):
                     self.client("scontrol", "update", f"jobid={job_id}", "StartTime=now", check=False)
                 else:
                     return
