@@ -1,0 +1,629 @@
+"""Tokenize a corpus into megatron-core indexed shards plus a manifest: streaming, parallel, restartable.
+
+    python data_prep/build_indexed.py --input DIR_OR_FILES_OR_GLOBS --tokenizer TOK_DIR --output-prefix OUT/corpus \
+        [--workers N] [--split-sentences] [--json-key text] [--chunk-size-mb 256] [--shard-size-mb 512]
+
+Output: ``OUT/corpus_00000.bin/.idx``, ... (megatron-core ``IndexedDatasetBuilder``: one sequence per sentence, or per
+line without --split-sentences, ``end_document`` per document) and ``OUT/corpus.manifest.json`` (data_prep/manifest.py).
+
+How the work is cut, so that the output depends only on the inputs and the settings:
+- The unit of work is a *piece*: an uncompressed input is cut into ~--chunk-size-mb byte ranges at document
+  boundaries (sources.piece_bounds), a compressed input is one piece. Pieces are numbered in input order.
+- Piece i becomes shards ``work/piece_{i}-{k}`` in the work folder ``PREFIX.work/``, a new shard starting whenever
+  one would pass --shard-size-mb of tokens or --shard-sequences sequences (megatron's .idx finalize holds every
+  sequence length of a shard in Python lists, ~70 bytes each, so shards, not the corpus, bound memory). When its
+  shards are finished and fsynced, a record ``piece_{i}.json`` (counts, sha256) is written atomically: the record is
+  what says "done".
+- Rank r of R takes the pieces with i % R == r; within a rank, --workers processes take them from a pool.
+- After every rank is done (an MPI allgather, which is also the barrier), rank 0 numbers the shards in piece order,
+  renames them to their final names ``PREFIX_00000``... (``os.replace``: a final name never holds a partial file),
+  writes the manifest (atomically, last) and removes the work folder.
+
+Restart: run the same command again. Pieces with a record whose files still match their sha256 are skipped; the
+rest are redone from their start; the result is byte-identical to an uninterrupted run. A work folder made with
+other settings, inputs or tokenizer stops the run (rerun with --overwrite to discard it). A finished output whose
+manifest matches the command is left alone.
+
+MPI: launched by ``mpirun``/``srun`` (detected from OMPI_COMM_WORLD_SIZE, PMI_SIZE or a Slurm step with several
+tasks), ranks split the pieces; mpi4py is imported only then, after the worker pool is gone (forking an initialised
+MPI process is unsafe). Bad input: see data_prep/sources.py (counted by reason in the summary and the manifest, or
+stopping the run naming the file).
+"""
+from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:  # `python data_prep/build_indexed.py`: make `data_prep` importable
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+import warnings
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict, dataclass
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+from data_prep import __version__
+from data_prep import manifest as mf
+from data_prep import sources
+from data_prep.sentences import split_sentences
+
+BATCH_TEXTS = 4096  # texts per encode_batch call: large enough that Rust does the work, small enough for memory
+BATCH_BYTES = 1 << 20
+MAX_WARNINGS_PER_REASON = 5
+KILL_HOOK = "BERTFAMILY_PREP_KILL_AFTER_PIECES"  # tests: SIGKILL this process after it finished N pieces
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything that defines the output bytes (recorded in the manifest; a restart must match it)."""
+
+    json_key: str
+    split_sentences: bool
+    chunk_bytes: int
+    shard_bytes: int
+    shard_sequences: int
+    max_line_bytes: int
+    max_document_bytes: int
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Piece:
+    index: int
+    path: str
+    start: int
+    end: int | None
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    size: int
+    local_size: int
+
+    @property
+    def is_mpi(self) -> bool:
+        return self.size > 1
+
+
+# ---------------------------------------------------------------------------------------------------- the work
+
+
+class _ShardWriter:
+    """The shards of one piece, each a megatron-core IndexedDatasetBuilder, rotated at the size limits."""
+
+    def __init__(self, workdir: Path, piece: int, settings: Settings):
+        self.workdir, self.piece, self.settings = workdir, piece, settings
+        self.dtype = np.dtype(settings.dtype)
+        self.shards: list[dict] = []
+        self._builder = None
+
+    def add_document(self, tokens: np.ndarray, lengths: list[int]) -> None:
+        if self._builder is not None and (
+            self._bin_bytes + tokens.nbytes > self.settings.shard_bytes
+            or self._sequences + len(lengths) > self.settings.shard_sequences
+        ):
+            self._finish()
+        if self._builder is None:
+            self._start()
+        self._builder.add_document(tokens, lengths)
+        self._documents += 1
+        self._sequences += len(lengths)
+        self._tokens += int(tokens.size)
+        self._bin_bytes += tokens.nbytes
+
+    def _start(self) -> None:
+        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+        self._name = f"piece_{self.piece:06d}-{len(self.shards):03d}"
+        self._builder = IndexedDatasetBuilder(str(self.workdir / (self._name + ".bin")), dtype=self.dtype.type)
+        self._documents = self._sequences = self._tokens = self._bin_bytes = 0
+
+    def _finish(self) -> None:
+        bin_path, idx_path = self.workdir / (self._name + ".bin"), self.workdir / (self._name + ".idx")
+        self._builder.finalize(str(idx_path))
+        self._builder = None
+        for path in (bin_path, idx_path):  # durable before the record says "done"
+            fd = os.open(path, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        self.shards.append({
+            "work_name": self._name, "documents": self._documents, "sentences": self._sequences,
+            "tokens": self._tokens, "bin_bytes": bin_path.stat().st_size,
+            "bin_sha256": mf.sha256_file(bin_path), "idx_sha256": mf.sha256_file(idx_path),
+        })
+
+    def close(self) -> list[dict]:
+        if self._builder is not None:
+            self._finish()
+        return self.shards
+
+
+class _Worker:
+    """Per-process state: the tokenizer and the shared progress counters."""
+
+    def __init__(self, tokenizer_dir: str, settings: Settings, workdir: Path, counters, threads: int):
+        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))  # before the first encode_batch builds the pool
+        from data_prep.tokenizer import load_tokenizer
+
+        self.tokenizer = load_tokenizer(tokenizer_dir)
+        self.settings, self.workdir, self.counters = settings, workdir, counters
+        self.warned: Counter = Counter()
+        self.finished = 0
+
+    def on_skip(self, reason: str, where: str) -> None:
+        self.warned[reason] += 1
+        if self.warned[reason] <= MAX_WARNINGS_PER_REASON:
+            more = " (further ones are only counted)" if self.warned[reason] == MAX_WARNINGS_PER_REASON else ""
+            print(f"warning: skipped ({reason}): {where}{more}", file=sys.stderr, flush=True)
+
+    def _progress(self, nbytes: int, docs: int) -> None:
+        with self.counters[0].get_lock():
+            self.counters[0].value += nbytes
+            self.counters[1].value += docs
+
+    def build(self, piece: Piece) -> dict:
+        s = self.settings
+        skipped: Counter = Counter()
+        writer = _ShardWriter(self.workdir, piece.index, s)
+        dtype = np.dtype(s.dtype)
+        docs = sources.iter_documents(piece.path, s.json_key, skipped, start=piece.start, end=piece.end,
+                                      on_skip=self.on_skip, max_line_bytes=s.max_line_bytes,
+                                      max_document_bytes=s.max_document_bytes)
+        # Progress in input bytes: uncompressed pieces report as they go (document offsets are file offsets);
+        # compressed files and pydocs report their size when the piece ends.
+        batch, texts, nbytes, mark = [], 0, 0, piece.start
+        by_offset = sources.is_splittable(piece.path) and piece.path != sources.PYDOCS
+        for doc in chain(docs, [None]):
+            if doc is not None:
+                batch.append(doc)
+                texts += len(doc.lines)
+                nbytes += sum(len(x) for x in doc.lines)
+                if texts < BATCH_TEXTS and nbytes < BATCH_BYTES:
+                    continue
+            if batch:
+                self._encode_batch(batch, writer, dtype, skipped)
+                advance = doc.offset - mark if by_offset and doc is not None else 0
+                self._progress(advance, len(batch))
+                mark += advance
+            batch, texts, nbytes = [], 0, 0
+        shards = writer.close()
+        self._progress(sources.piece_size(piece.path, piece.start, piece.end) - (mark - piece.start), 0)
+        record = {"piece": asdict(piece), "shards": shards, "skipped": dict(sorted(skipped.items()))}
+        _write_json_atomic(self.workdir / _record_name(piece.index), record)
+        self.finished += 1
+        if os.environ.get(KILL_HOOK) and self.finished >= int(os.environ[KILL_HOOK]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return record
+
+    def _encode_batch(self, batch, writer: _ShardWriter, dtype, skipped: Counter) -> None:
+        if self.settings.split_sentences:
+            per_doc = [[s for line in doc.lines for s in split_sentences(line)] for doc in batch]
+        else:
+            per_doc = [doc.lines for doc in batch]
+        texts = [t for doc in per_doc for t in doc]
+        ids = self.tokenizer.encode_batch(texts)
+        lengths = [len(x) for x in ids]
+        flat = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=sum(lengths))
+        first = pos = 0
+        for doc, sents in zip(batch, per_doc):
+            lens = lengths[first: first + len(sents)]
+            first += len(sents)
+            total = sum(lens)
+            if 0 in lens:  # text the tokenizer maps to nothing (control characters, lone marks): no empty sequences
+                skipped["no_tokens"] += lens.count(0)
+                lens = [n for n in lens if n]
+            if not lens:
+                skipped["empty_document"] += 1
+                continue
+            writer.add_document(flat[pos: pos + total], lens)
+            pos += total
+
+
+_WORKER: _Worker | None = None
+
+
+def _init_worker(*args) -> None:
+    global _WORKER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is handled by the parent, which terminates the pool
+    _WORKER = _Worker(*args)
+
+
+def _build_in_worker(piece: Piece) -> dict:
+    return _WORKER.build(piece)
+
+
+# ---------------------------------------------------------------------------------------------------- plan, restart
+
+
+def _record_name(index: int) -> str:
+    return f"piece_{index:06d}.json"
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def plan_pieces(inputs: list[str], settings: Settings) -> list[Piece]:
+    pieces: list[Piece] = []
+    for path in inputs:
+        for start, end in sources.piece_bounds(path, settings.chunk_bytes, settings.max_line_bytes):
+            pieces.append(Piece(len(pieces), path, start, end))
+    return pieces
+
+
+def _plan_identity(inputs, settings, tokenizer, pieces) -> dict:
+    """What a work folder or a manifest must match to be reused."""
+    def stat(path):
+        if path == sources.PYDOCS:
+            return {"path": path, "bytes": sources.input_bytes(path)}
+        st = os.stat(path)
+        return {"path": path, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+    return {"settings": asdict(settings), "tokenizer_fingerprint": tokenizer.fingerprint,
+            "inputs": [stat(p) for p in inputs], "pieces": [[p.path, p.start, p.end] for p in pieces],
+            "tool_version": __version__}
+
+
+def _prepare_workdir(workdir: Path, identity: dict, overwrite: bool, world: World, pieces: list[Piece]) -> None:
+    plan_file = workdir / "plan.json"
+    if plan_file.exists() and not overwrite:
+        old = json.loads(plan_file.read_text(encoding="utf-8"))
+        if old != json.loads(json.dumps(identity)):
+            diff = sorted(k for k in identity if old.get(k) != json.loads(json.dumps(identity[k])))
+            raise SystemExit(f"error: {workdir} holds an unfinished run with other {', '.join(diff)}; rerun that "
+                             f"command to finish it, or add --overwrite to discard it")
+    workdir.mkdir(parents=True, exist_ok=True)
+    if overwrite:  # each rank clears its own pieces' records; rank 0 also those beyond the new plan
+        for p in pieces:
+            if p.index % world.size == world.rank:
+                (workdir / _record_name(p.index)).unlink(missing_ok=True)
+        if world.rank == 0:
+            for rec in workdir.glob("piece_*.json"):
+                if int(rec.stem.split("_")[1]) >= len(pieces):
+                    rec.unlink()
+    if world.rank == 0:
+        _write_json_atomic(plan_file, identity)
+
+
+def _final_locations(prefix: str, records: list[dict]) -> dict[str, str]:
+    """work name -> final shard prefix, numbering shards in piece order."""
+    names = [s["work_name"] for r in records for s in r["shards"]]
+    return {name: mf.shard_name(prefix, i) for i, name in enumerate(names)}
+
+
+def _shard_intact(workdir: Path, shard: dict, final: str | None) -> bool:
+    """Both files present (in the work folder, or already renamed to ``final``) with the recorded checksums."""
+    for ext, key in ((".bin", "bin_sha256"), (".idx", "idx_sha256")):
+        path = workdir / (shard["work_name"] + ext)
+        if not path.exists() and final is not None:
+            path = Path(final + ext)
+        if not path.exists() or mf.sha256_file(path) != shard[key]:
+            return False
+    return True
+
+
+def _finished_pieces(workdir: Path, prefix: str, pieces: list[Piece], mine: list[Piece]) -> set[int]:
+    """Indices of my pieces whose record exists and whose shards are intact (checksums verified)."""
+    records = {}
+    for p in pieces:
+        rec = workdir / _record_name(p.index)
+        if rec.exists():
+            records[p.index] = json.loads(rec.read_text(encoding="utf-8"))
+    # Shards leave the work folder only during finalize, which runs after every piece is done: numbering them is
+    # only needed (and only possible) when every record exists.
+    finals = _final_locations(prefix, [records[p.index] for p in pieces]) if len(records) == len(pieces) else {}
+    done = set()
+    for p in mine:
+        rec = records.get(p.index)
+        if rec is not None and rec["piece"] == asdict(p) and all(
+            _shard_intact(workdir, s, finals.get(s["work_name"])) for s in rec["shards"]
+        ):
+            done.add(p.index)
+    return done
+
+
+# ---------------------------------------------------------------------------------------------------- finalize
+
+
+def _finalize(prefix: str, workdir: Path, pieces: list[Piece], inputs: list[str], settings: Settings,
+              tokenizer, tokenizer_arg: str, extra_skipped: Counter) -> dict:
+    records = []
+    for p in pieces:
+        rec = workdir / _record_name(p.index)
+        if not rec.exists():
+            raise SystemExit(f"error: piece {p.index} ({p.path} from byte {p.start}) has no record in {workdir}; "
+                             f"a rank failed: rerun the same command to finish")
+        records.append(json.loads(rec.read_text(encoding="utf-8")))
+    finals = _final_locations(prefix, records)
+    if not finals:
+        skipped = Counter(extra_skipped)
+        for rec in records:
+            skipped.update(rec["skipped"])
+        raise SystemExit(f"error: the inputs hold no documents (skipped: {dict(skipped) or 'nothing'}); check "
+                         f"--input and --json-key. {workdir} is kept for inspection")
+    shards, skipped = [], Counter(extra_skipped)
+    root = Path(prefix).parent
+    for rec in records:
+        skipped.update(rec["skipped"])
+        for s in rec["shards"]:
+            final = finals[s["work_name"]]
+            for ext in (".bin", ".idx"):
+                work = workdir / (s["work_name"] + ext)
+                if work.exists():
+                    os.replace(work, final + ext)
+                elif not Path(final + ext).exists():
+                    raise SystemExit(f"error: {work} vanished before it was renamed to {final + ext}; rerun with "
+                                     f"--overwrite")
+            piece = rec["piece"]
+            shards.append({"prefix": os.path.relpath(final, root), "input": piece["path"],
+                           "input_range": [piece["start"], piece["end"]],
+                           **{k: s[k] for k in ("documents", "sentences", "tokens", "bin_bytes", "bin_sha256",
+                                                "idx_sha256")}})
+    # Shards numbered past the end from an earlier, larger run of this prefix are ours and stale.
+    pattern = re.compile(re.escape(Path(prefix).name) + r"_(\d{5})\.(bin|idx)$")
+    for path in root.iterdir() if root.exists() else []:
+        m = pattern.match(path.name)
+        if m and int(m.group(1)) >= len(shards):
+            path.unlink()
+    input_info = [{"path": p, "bytes": sources.input_bytes(p)} for p in inputs]
+    manifest = {
+        "format": mf.FORMAT, "version": mf.VERSION, "tool_version": __version__,
+        "tokenizer": {"path": tokenizer_arg, "fingerprint": tokenizer.fingerprint, "kind": tokenizer.kind,
+                      "vocab_size": tokenizer.vocab_size},
+        "dtype": settings.dtype, "shards": shards,
+        "totals": mf.totals_of(shards, sum(i["bytes"] for i in input_info)),
+        "inputs": input_info, "skipped": dict(skipped), "settings": asdict(settings),
+    }
+    mf.write_manifest(prefix, manifest)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return mf.read_manifest(prefix)
+
+
+def _up_to_date(prefix: str, identity: dict, tokenizer) -> bool:
+    """A finished manifest for exactly this command, with its shard files present at their recorded sizes."""
+    try:
+        old = mf.read_manifest(prefix)
+    except (FileNotFoundError, ValueError):
+        return False
+    same = (old["settings"] == identity["settings"] and old["tokenizer"]["fingerprint"] == tokenizer.fingerprint
+            and old["tool_version"] == identity["tool_version"]
+            and [(i["path"], i["bytes"]) for i in old["inputs"]] == [(i["path"], i["bytes"]) for i in identity["inputs"]])
+    if not same:
+        return False
+    written = mf.manifest_path(prefix).stat().st_mtime_ns
+    if any(i.get("mtime_ns", 0) > written for i in identity["inputs"]):
+        return False  # an input was modified after the manifest was written
+    root = mf.manifest_path(prefix).parent
+    for s in old["shards"]:
+        bin_path, idx_path = root / (s["prefix"] + ".bin"), root / (s["prefix"] + ".idx")
+        if not (bin_path.exists() and idx_path.exists() and bin_path.stat().st_size == s["bin_bytes"]):
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------- running
+
+
+def _import_builder() -> None:
+    """megatron-core's builder, without its warnings about missing Transformer Engine/Apex (irrelevant here)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import megatron.core.datasets.indexed_dataset  # noqa: F401
+
+
+def detect_world() -> World:
+    """Rank and size from the launcher's environment, without importing mpi4py (which would initialise MPI)."""
+    env = os.environ
+    for rank_key, size_key, local_key in (
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"),
+        ("PMIX_RANK", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE"),
+        ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE"),
+    ):
+        if rank_key in env and size_key in env:
+            local = re.match(r"\d+", env.get(local_key, "1"))
+            return World(int(env[rank_key]), int(env[size_key]), int(local.group(0)) if local else 1)
+    return World(0, 1, 1)
+
+
+def _mpi_allgather(world: World, status: str) -> list[str]:
+    """Barrier plus every rank's status. mpi4py is imported here, after the worker pool has exited."""
+    if not world.is_mpi:
+        return [status]
+    try:
+        from mpi4py import MPI
+    except ImportError as err:
+        raise SystemExit("error: launched with several ranks but mpi4py is missing: pip install mpi4py") from err
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != world.size:
+        raise SystemExit(f"error: the environment says {world.size} ranks but MPI sees {comm.Get_size()}; under "
+                         f"srun use --mpi=pmix so that the ranks form one MPI job")
+    return comm.allgather(status)
+
+
+def _run_pieces(todo: list[Piece], args, settings: Settings, workdir: Path, world: World, total_bytes: int) -> None:
+    from tqdm import tqdm
+
+    counters = (mp.Value("q", 0), mp.Value("q", 0))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = args.tokenizer_threads or max(1, cpus // (args.workers * max(1, world.local_size)))
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, disable=world.rank != 0,
+               desc=f"rank 0/{world.size}" if world.is_mpi else "tokenizing", dynamic_ncols=True,
+               mininterval=0.5 if sys.stderr.isatty() else 10)
+    t0 = time.time()
+
+    def refresh():
+        bar.n = counters[0].value
+        docs = counters[1].value
+        bar.set_postfix_str(f"{docs / max(time.time() - t0, 1e-9):,.0f} docs/s", refresh=False)
+        bar.refresh()
+
+    init = (args.tokenizer, settings, workdir, counters, threads)
+    try:
+        if args.workers == 1:
+            _init_worker(*init)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            for piece in todo:
+                _build_in_worker(piece)
+                refresh()
+        else:
+            # fork: workers inherit the imported megatron-core (3 s each to import again) and the counters. MPI is
+            # not initialised yet (see _mpi_allgather), so forking is safe. ProcessPoolExecutor, not Pool: a worker
+            # killed by the OOM killer breaks the executor (an error here) where Pool would wait for it forever.
+            ctx = mp.get_context("fork")
+            with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=_init_worker, initargs=init) as pool:
+                pending = {pool.submit(_build_in_worker, p) for p in todo}
+                try:
+                    while pending:
+                        finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                        for fut in finished:
+                            fut.result()  # re-raises a worker's error here
+                        refresh()
+                except BrokenProcessPool as err:
+                    raise WorkerDied("a worker process died (killed, or out of memory?); finished pieces are "
+                                     "kept") from err
+                except BaseException:
+                    for fut in pending:
+                        fut.cancel()
+                    raise
+        refresh()
+    finally:
+        bar.close()
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--input", nargs="+", required=True, action="extend",
+                    help="files, directories (recursive), globs (quoted), or builtin:pydocs")
+    ap.add_argument("--tokenizer", required=True, help="folder written by data_prep/train_tokenizer.py")
+    ap.add_argument("--output-prefix", required=True, help="OUT/NAME: writes OUT/NAME_00000.bin/.idx ...")
+    ap.add_argument("--workers", type=int, default=1, help="processes on this machine (per MPI rank)")
+    ap.add_argument("--json-key", default="text", help="the text field of .jsonl inputs")
+    ap.add_argument("--split-sentences", action="store_true", help="one sequence per sentence (data_prep/sentences.py)")
+    ap.add_argument("--chunk-size-mb", type=float, default=256, help="input bytes per piece of work")
+    ap.add_argument("--shard-size-mb", type=float, default=512, help="largest .bin of a shard")
+    ap.add_argument("--shard-sequences", type=int, default=4_000_000, help="most sequences in a shard (bounds "
+                    "the memory of megatron's .idx finalize: ~150 bytes per sequence)")
+    ap.add_argument("--max-line-mb", type=float, default=sources.MAX_LINE_BYTES / 2**20,
+                    help="longer lines are skipped and counted")
+    ap.add_argument("--max-document-mb", type=float, default=sources.MAX_DOCUMENT_BYTES / 2**20,
+                    help=".txt documents longer than this are cut into several")
+    ap.add_argument("--tokenizer-threads", type=int, default=0, help="Rust threads per worker; 0 = cores/workers")
+    ap.add_argument("--overwrite", action="store_true", help="discard an unfinished run with other settings")
+    args = ap.parse_args(argv)
+    if args.workers < 1:
+        ap.error("--workers must be at least 1")
+    for key in ("chunk_size_mb", "shard_size_mb", "max_line_mb", "max_document_mb"):
+        if getattr(args, key) <= 0:
+            ap.error(f"--{key.replace('_', '-')} must be positive")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    world = detect_world()
+    from data_prep.tokenizer import load_tokenizer
+
+    t0 = time.time()
+    tokenizer = load_tokenizer(args.tokenizer)
+    dir_skips: Counter = Counter()
+    say = print if world.rank == 0 else (lambda *a, **k: None)
+    try:
+        inputs = sources.expand_inputs(args.input, dir_skips, lambda r, w: say(f"warning: skipped ({r}): {w}",
+                                                                              file=sys.stderr))
+        for path in inputs:
+            sources.check_readable(path)
+    except sources.InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    mb = 1 << 20
+    settings = Settings(
+        json_key=args.json_key, split_sentences=args.split_sentences, chunk_bytes=int(args.chunk_size_mb * mb),
+        shard_bytes=int(args.shard_size_mb * mb), shard_sequences=args.shard_sequences,
+        max_line_bytes=int(args.max_line_mb * mb), max_document_bytes=int(args.max_document_mb * mb),
+        dtype="uint16" if tokenizer.vocab_size < 65500 else "int32",
+    )
+    prefix = args.output_prefix
+    workdir = Path(prefix + ".work")
+    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    pieces = plan_pieces(inputs, settings)
+    identity = _plan_identity(inputs, settings, tokenizer, pieces)
+    if not workdir.exists() and _up_to_date(prefix, identity, tokenizer):
+        say(f"{mf.manifest_path(prefix)} is up to date with this command; nothing to do "
+            f"(inspect it with data_prep/inspect_indexed.py {prefix})")
+        return 0
+    if world.rank == 0:
+        mf.manifest_path(prefix).unlink(missing_ok=True)  # never leave a manifest that names shards being rewritten
+    _prepare_workdir(workdir, identity, args.overwrite, world, pieces)
+    mine = [p for p in pieces if p.index % world.size == world.rank]
+    done = _finished_pieces(workdir, prefix, pieces, mine)
+    todo = [p for p in mine if p.index not in done]
+    if done:
+        say(f"restart: {len(done)} of {len(mine)} pieces already finished and verified; {len(todo)} to do")
+    say(f"{len(inputs)} input(s), {len(pieces)} piece(s), {args.workers} worker(s)"
+        + (f" x {world.size} ranks" if world.is_mpi else "") + f", tokenizer {tokenizer.kind} "
+        f"vocab {tokenizer.vocab_size} -> {settings.dtype}")
+    todo_bytes = sum(sources.piece_size(p.path, p.start, p.end) for p in todo)
+    _import_builder()  # before the pool forks (each worker would spend seconds importing it) and the bar starts
+    status = "ok"
+    try:
+        _run_pieces(todo, args, settings, workdir, world, todo_bytes)
+    except (sources.InputError, WorkerDied) as err:
+        status = f"rank {world.rank}: {err}"
+    except KeyboardInterrupt:
+        status = f"rank {world.rank}: interrupted"
+    statuses = _mpi_allgather(world, status)
+    failed = [s for s in statuses if s != "ok"]
+    if failed:
+        for s in failed:
+            say(f"error: {s}", file=sys.stderr)
+        say("finished pieces are kept: rerun the same command to continue", file=sys.stderr)
+        return 2
+    if world.rank != 0:
+        return 0
+    manifest = _finalize(prefix, workdir, pieces, inputs, settings, tokenizer, args.tokenizer, dir_skips)
+    _summary(prefix, manifest, time.time() - t0, todo_bytes)
+    return 0
+
+
+def _summary(prefix: str, manifest: dict, seconds: float, processed_bytes: int) -> None:
+    t = manifest["totals"]
+    print(f"wrote {t['shards']} shard(s): {t['documents']:,} documents, {t['sentences']:,} sequences, "
+          f"{t['tokens']:,} tokens ({manifest['dtype']}, {t['bin_bytes'] / 2**20:,.1f} MiB) from "
+          f"{t['input_bytes'] / 2**20:,.1f} MiB of input in {seconds:,.1f} s "
+          f"({processed_bytes / 2**20 / max(seconds, 1e-9):,.2f} MB/s, {t['documents'] / max(seconds, 1e-9):,.0f} "
+          f"docs/s this run)")
+    if manifest["skipped"]:
+        print("skipped input, by reason: " + ", ".join(f"{k} {v:,}" for k, v in manifest["skipped"].items()))
+    else:
+        print("skipped input: none")
+    print(f"manifest: {mf.manifest_path(prefix)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""build_indexed.py and inspect_indexed.py end to end: counts, megatron-core reading our shards, worker-count
+independence, restart after a SIGKILL, bad input in the manifest, checksum verification, up-to-date reruns."""
+import bz2
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+
+from data_prep import build_indexed, inspect_indexed, sources
+from data_prep import manifest as mf
+from data_prep.sentences import split_sentences
+from data_prep.tokenizer import load_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def en_tokenizer(en_corpus, tmp_path_factory) -> str:
+    """A small WordPiece tokenizer trained by data_prep/train_tokenizer.py on the English corpus (~2 s)."""
+    from data_prep import train_tokenizer
+
+    out = tmp_path_factory.mktemp("tok") / "wp"
+    train_tokenizer.main(["--kind", "wordpiece", "--input", str(en_corpus), "--output", str(out),
+                          "--vocab-size", "2000", "--quiet"])
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def en_slice(en_corpus, tmp_path_factory) -> Path:
+    """The first ~600 KB of the English corpus, cut at a document boundary: enough for several pieces, quick."""
+    data = en_corpus.read_bytes()
+    path = tmp_path_factory.mktemp("slice") / "en_slice.txt"
+    path.write_bytes(data[: data.index(b"\n\n", 600_000) + 2])
+    return path
+
+
+def build(inputs, tokenizer, prefix, *extra):
+    return build_indexed.main(["--input", *map(str, inputs), "--tokenizer", tokenizer, "--output-prefix",
+                               str(prefix), *extra])
+
+
+def output_files(prefix) -> dict[str, bytes]:
+    """Every file of an output (shards and manifest) by name, for byte-for-byte comparisons."""
+    root, name = Path(prefix).parent, Path(prefix).name
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.name.startswith(name)}
+
+
+def read_shards(prefix):
+    """Documents as lists of token arrays, through megatron-core's reader alone."""
+    m = mf.read_manifest(prefix)
+    docs = []
+    for shard in m["shards"]:
+        ds = inspect_indexed.open_shard(str(Path(prefix).parent / shard["prefix"]))
+        for d in range(len(ds.document_indices) - 1):
+            # copies: the arrays are views of the mmap, which closes when `ds` is collected
+            docs.append([np.array(ds[s]) for s in range(ds.document_indices[d], ds.document_indices[d + 1])])
+    return m, docs
+
+
+@pytest.mark.slow
+def test_counts_and_tokens_match_the_input(en_corpus, en_tokenizer, tmp_path):
+    prefix = tmp_path / "out" / "en"
+    assert build([en_corpus], en_tokenizer, prefix, "--split-sentences", "--chunk-size-mb", "0.6") == 0
+    m, docs = read_shards(prefix)
+    expected = [d.lines for d in sources.iter_documents(str(en_corpus))]
+    sentences = [[s for line in doc for s in split_sentences(line)] for doc in expected]
+    assert m["totals"]["shards"] == len(m["shards"]) >= 4
+    assert m["totals"]["documents"] == len(docs) == len(expected)
+    assert m["totals"]["sentences"] == sum(map(len, docs)) == sum(map(len, sentences))
+    assert m["skipped"] == {}
+    assert [s["prefix"] for s in m["shards"]] == [f"en_{i:05d}" for i in range(len(m["shards"]))]
+    # every token, as megatron-core returns it, equals the tokenizer's encoding of that sentence
+    tok = load_tokenizer(en_tokenizer)
+    assert m["dtype"] == "uint16" and docs[0][0].dtype == np.uint16
+    assert m["tokenizer"]["fingerprint"] == tok.fingerprint
+    flat_ref = tok.encode_batch([s for doc in sentences for s in doc])
+    flat_got = [seq.tolist() for doc in docs for seq in doc]
+    assert flat_got == flat_ref
+    assert m["totals"]["tokens"] == sum(map(len, flat_ref))
+    assert not Path(f"{prefix}.work").exists()
+
+
+def test_output_independent_of_workers_and_piece_order(en_slice, en_tokenizer, tmp_path):
+    one, two = tmp_path / "w1" / "c", tmp_path / "w2" / "c"
+    args = ("--chunk-size-mb", "0.12", "--shard-size-mb", "0.08")  # several pieces, several shards per piece
+    assert build([en_slice], en_tokenizer, one, "--workers", "1", *args) == 0
+    assert build([en_slice], en_tokenizer, two, "--workers", "2", "--tokenizer-threads", "2", *args) == 0
+    a, b = output_files(one), output_files(two)
+    assert len(a) > 10 and a == b
+    pieces = {tuple(s["input_range"]) for s in mf.read_manifest(one)["shards"]}
+    assert len(pieces) < len(mf.read_manifest(one)["shards"])  # some piece made more than one shard
+
+
+def run_cli(*args, env=None, cwd=REPO):
+    return subprocess.run([sys.executable, "data_prep/build_indexed.py", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300)
+
+
+@pytest.mark.slow
+def test_restart_after_kill_is_byte_identical(en_slice, en_tokenizer, tmp_path):
+    common = ["--input", en_slice, "--tokenizer", en_tokenizer, "--split-sentences", "--chunk-size-mb", "0.06",
+              "--shard-size-mb", "0.05"]
+    ref = tmp_path / "ref" / "c"
+    assert build([en_slice], en_tokenizer, ref, *map(str, common[4:])) == 0
+    prefix = tmp_path / "run" / "c"
+    # 1) the whole process is SIGKILLed after finishing 3 pieces (one process, no pool)
+    killed = run_cli(*common, "--output-prefix", prefix, env={build_indexed.KILL_HOOK: "3"})
+    assert killed.returncode == -9, killed.stderr
+    assert not mf.manifest_path(prefix).exists()
+    assert not list(prefix.parent.glob("c_0*"))  # no final shard name holds anything yet
+    assert len(list(Path(f"{prefix}.work").glob("piece_*.json"))) == 3
+    # 2) a pool worker dies: the run stops with a clear error (no hang), finished pieces kept
+    broken = run_cli(*common, "--output-prefix", prefix, "--workers", "2", env={build_indexed.KILL_HOOK: "1"})
+    assert broken.returncode == 2 and "worker process died" in broken.stderr, broken.stderr
+    assert re.search(r"restart: 3 of \d+ pieces already finished", broken.stdout), broken.stdout
+    # corrupt one finished shard in the work folder: the restart must notice and redo that piece
+    some = sorted(Path(f"{prefix}.work").glob("piece_*-000.bin"))[0]
+    some.write_bytes(b"garbage")
+    done = run_cli(*common, "--output-prefix", prefix, "--workers", "2")
+    assert done.returncode == 0, done.stderr
+    assert "pieces already finished and verified" in done.stdout
+    assert output_files(prefix) == output_files(ref)
+    # 3) rerunning a finished command does nothing and changes nothing
+    before = {p: p.stat().st_mtime_ns for p in prefix.parent.iterdir()}
+    again = run_cli(*common, "--output-prefix", prefix)
+    assert again.returncode == 0 and "up to date" in again.stdout
+    assert before == {p: p.stat().st_mtime_ns for p in prefix.parent.iterdir()}
+
+
+def test_unfinished_run_with_other_settings_is_not_mixed_in(en_slice, en_tokenizer, tmp_path):
+    prefix = tmp_path / "c"
+    killed = run_cli("--input", en_slice, "--tokenizer", en_tokenizer, "--output-prefix", prefix,
+                     "--chunk-size-mb", "0.2", env={build_indexed.KILL_HOOK: "1"})
+    assert killed.returncode == -9
+    with pytest.raises(SystemExit, match="other settings.*--overwrite"):
+        build([en_slice], en_tokenizer, prefix, "--chunk-size-mb", "0.2", "--split-sentences")
+    assert build([en_slice], en_tokenizer, prefix, "--chunk-size-mb", "0.2", "--split-sentences",
+                 "--overwrite") == 0
+    assert mf.read_manifest(prefix)["settings"]["split_sentences"] is True
+
+
+def test_bad_and_compressed_inputs_are_counted_in_the_manifest(en_slice, en_tokenizer, tmp_path):
+    data = en_slice.read_bytes()
+    half = data[: data.index(b"\n\n", len(data) // 2) + 2]
+    src = tmp_path / "src"
+    (src / "z").mkdir(parents=True)
+    (src / "a.txt.gz").write_bytes(gzip.compress(half))
+    (src / "b.txt.bz2").write_bytes(bz2.compress(half))
+    docs = [d.lines for d in sources.iter_documents(str(en_slice))][:500]
+    (src / "c.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(
+        "".join(json.dumps({"text": "\n".join(d)}) + "\n" for d in docs).encode()))
+    (src / "d.txt").write_bytes(b"ok line\nbad \xff byte\n\nnul \x00\n\n" + b"x" * 3_000_000 + b"\nfine\n")
+    (src / "e.jsonl").write_text('{"text": "a"}\n{broken\n{"other": 1}\n{"text": ""}\n', encoding="utf-8")
+    (src / "z" / "cut.txt.gz").write_bytes(gzip.compress(data)[:100_000])
+    (src / "z" / "README.md").write_text("not an input")
+    prefix = tmp_path / "out" / "mix"
+    assert build([src], en_tokenizer, prefix, "--max-line-mb", "1") == 0
+    m, got = read_shards(prefix)
+    assert m["skipped"] == {"empty_document": 1, "invalid_json": 1, "invalid_utf8": 1, "line_too_long": 1,
+                            "missing_json_key": 1, "nul_bytes": 1, "truncated_input": 1, "unsupported_file": 1}
+    n_half = len(list(sources.iter_documents(str(src / "a.txt.gz"))))
+    n_cut = len(list(sources.iter_documents(str(src / "z" / "cut.txt.gz"))))
+    assert m["totals"]["documents"] == 2 * n_half + 500 + 2 + 1 + n_cut
+    assert [Path(i["path"]).name for i in m["inputs"]] == ["a.txt.gz", "b.txt.bz2", "c.jsonl.zst", "d.txt",
+                                                             "e.jsonl", "cut.txt.gz"]
+    assert m["inputs"][0]["bytes"] == (src / "a.txt.gz").stat().st_size
+
+
+def test_inputs_that_stop_the_run(en_tokenizer, tmp_path, capsys):
+    assert build([tmp_path / "missing.txt"], en_tokenizer, tmp_path / "o") == 2
+    assert "missing.txt' matches no file" in capsys.readouterr().err
+    (tmp_path / "dir.txt").mkdir()
+    assert build([tmp_path / "dir.txt"], en_tokenizer, tmp_path / "o") == 2
+    (tmp_path / "empty.jsonl").write_text('{"text": ""}\n')
+    with pytest.raises(SystemExit, match="hold no documents.*empty_document"):
+        build([tmp_path / "empty.jsonl"], en_tokenizer, tmp_path / "o")
+
+
+def test_inspect_verifies_and_detects_corruption(en_slice, en_tokenizer, tmp_path, capsys):
+    prefix = tmp_path / "c"
+    assert build([en_slice], en_tokenizer, prefix, "--chunk-size-mb", "0.2") == 0
+    capsys.readouterr()
+    assert inspect_indexed.main([str(prefix), "--show", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "verified: 3 shard(s)" in out and "--- document 1" in out
+    assert "pdp a ni deppart" in out  # the corpus's first document, decoded (uncased WordPiece)
+    # flip one token in the middle of shard 1: the checksum catches it and names the shard
+    shard = Path(f"{prefix}_00001.bin")
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    shard.write_bytes(bytes(raw))
+    assert inspect_indexed.main([str(prefix), "--show", "0"]) == 1
+    assert "FAILED c_00001: c_00001.bin checksum differs" in capsys.readouterr().out
+    Path(f"{prefix}_00002.idx").unlink()
+    assert inspect_indexed.main([str(prefix), "--show", "0"]) == 1
+    assert "c_00002: missing c_00002.idx" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_builtin_pydocs_with_workers(en_tokenizer, tmp_path):
+    prefix = tmp_path / "py"
+    assert build(["builtin:pydocs"], en_tokenizer, prefix, "--workers", "2", "--chunk-size-mb", "4") == 0
+    m, docs = read_shards(prefix)
+    assert m["totals"]["documents"] == len(docs) > 200  # (which documents: tests/test_sources.py)
+    assert m["inputs"] == [{"path": "builtin:pydocs", "bytes": sources.input_bytes("builtin:pydocs")}]
+    assert len(m["shards"]) >= 2
