@@ -33,7 +33,7 @@ COMMON=${BERTFAMILY_HOME:-${SLURM_SUBMIT_DIR:-.}}/slurm/common.sh
 . "$COMMON"
 bf_setup
 
-BF_RUN_DIR=$RUN_DIR/phase1
+BF_RUN_DIR=$RUN_DIR/phase1 BF_LOG_DIR=""
 if [ "$(bf_run_status)" = completed ]; then
     bf_log "phase 1 already completed ($(bf_latest_checkpoint)); going on with phase 2"
 else

@@ -17,8 +17,10 @@
 #   BERTFAMILY_VENV   virtual environment to activate on every node (default: $BERTFAMILY_HOME/.venv if present;
 #                     "none" to use the environment the job inherited, e.g. a module or conda env)
 #   CONFIG            recipe name or YAML file (each template sets its own default)
+#   TRAIN_SCRIPT      the entry point (default trainer/pretrain.py; ERNIE: trainer/ernie/pretrain.py)
 #   RUN_DIR           run folder: checkpoints, metrics.jsonl, TensorBoard, per-rank logs (each template's default is
-#                     under runs/; relative paths are relative to BERTFAMILY_HOME)
+#                     under runs/; relative paths are relative to BERTFAMILY_HOME). Set RUN_DIR rather than
+#                     --set run_dir=...: the job script reads the run's status.json and checkpoints there.
 #   DATA_PREFIX       one prepared corpus (PREFIX of PREFIX.manifest.json); replaces the recipe's data.corpora
 #   EXTRA_SETS        more overrides, whitespace-separated KEY=VALUE words, each passed as --set KEY=VALUE
 #   GPUS_PER_NODE     ranks per node on GPU nodes (default: the GPUs Slurm gave the job, else nvidia-smi's count)
@@ -131,12 +133,14 @@ bf_train() {
     shift 2
     [ -n "$config" ] || bf_die "CONFIG is empty: set a recipe name or YAML file"
     bf_sets "$run_dir"
+    BF_TRAIN_SCRIPT=${TRAIN_SCRIPT:-trainer/pretrain.py}
+    [ -f "$BF_TRAIN_SCRIPT" ] || bf_die "TRAIN_SCRIPT=$BF_TRAIN_SCRIPT does not exist in $BERTFAMILY_HOME"
     BF_RUN_DIR=$run_dir
     BF_LOG_DIR=$run_dir/logs/$BF_JOB_TAG
     mkdir -p "$BF_LOG_DIR" || bf_die "cannot create $BF_LOG_DIR"
     # Validate on the batch host before any node starts: a wrong key fails in seconds, naming the key.
     # WORLD_SIZE makes the check include the batch arithmetic (global = micro x accumulation x ranks).
-    WORLD_SIZE=$((BF_NNODES * BF_NPROC)) python trainer/pretrain.py --config "$config" "${BF_SETS[@]}" "$@" --check \
+    WORLD_SIZE=$((BF_NNODES * BF_NPROC)) python "$BF_TRAIN_SCRIPT" --config "$config" "${BF_SETS[@]}" "$@" --check \
         >"$BF_LOG_DIR/config.json" \
         || bf_die "config $config ${BF_SETS[*]} $* is invalid (message above); nothing was launched"
     bf_log "run $run_dir: config $config; per-rank logs in $BF_LOG_DIR/node*/"
@@ -147,9 +151,10 @@ bf_train() {
     # collective; --wait bounds how long the others may outlive a node that exited early. Console output (labelled
     # with the node index by srun and the rank by torchrun) goes to the job log; --tee also writes each rank's
     # stdout/stderr under $BF_LOG_DIR/node<N>/.
-    # shellcheck disable=SC2016  # $SLURM_NODEID must expand on each node, not here
     # --cpus-per-task: the node's CPUs for the launcher, its ranks and their data-loader workers (Slurm 22.05's srun
     # no longer inherits the job's --cpus-per-task, and one CPU would starve the loaders).
+    touch "$BF_LOG_DIR/launched"
+    # shellcheck disable=SC2016  # $SLURM_NODEID must expand on each node, not here
     srun --nodes="$BF_NNODES" --ntasks="$BF_NNODES" --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}" \
         --kill-on-bad-exit=1 --wait=60 --label \
         bash -c 'mkdir -p "$0/node$SLURM_NODEID" && exec torchrun --node-rank="$SLURM_NODEID" \
@@ -158,7 +163,7 @@ bf_train() {
         --master-addr="$BF_MASTER_ADDR" --master-port="$BF_MASTER_PORT" --rdzv-conf="timeout=${RDZV_TIMEOUT:-900}" \
         --max-restarts=0 --tee=3 --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \
         --shutdown-timeout="${SAVE_TIMEOUT:-540}" \
-        trainer/pretrain.py --config "$config" "${BF_SETS[@]}" "$@" --resume auto &
+        "$BF_TRAIN_SCRIPT" --config "$config" "${BF_SETS[@]}" "$@" --resume auto &
     BF_SRUN_PID=$!
     while :; do
         wait "$BF_SRUN_PID"
@@ -169,16 +174,34 @@ bf_train() {
     return 0
 }
 
-# The trainer's own record of how the last launch ended (torchrun masks ranks' exit statuses).
+# The trainer's own record of how the last launch ended (torchrun masks ranks' exit statuses). After a launch, a
+# status.json older than that launch is ignored: it is a previous run's, and trusting its "preempted" would requeue a
+# job that crashes before the trainer starts, forever.
 bf_run_status() {
-    python - "$BF_RUN_DIR/status.json" <<'EOF' 2>/dev/null
+    local status=$BF_RUN_DIR/status.json
+    if [ -n "${BF_LOG_DIR:-}" ] && [ -f "$BF_LOG_DIR/launched" ] && ! [ "$status" -nt "$BF_LOG_DIR/launched" ]; then
+        return 0
+    fi
+    python - "$status" <<'EOF' 2>/dev/null
 import json, sys
 print(json.load(open(sys.argv[1])).get("status", ""))
 EOF
 }
 
+# The checkpoint folder of the run: checkpoint.dir from the resolved config that bf_train saved, else
+# RUN_DIR/checkpoints (the trainer's default).
+bf_checkpoint_root() {
+    local resolved=${BF_LOG_DIR:-/nonexistent}/config.json dir=""
+    if [ -f "$resolved" ]; then
+        dir=$(python -c 'import json, sys; print((json.load(open(sys.argv[1])).get("checkpoint") or {}).get("dir") or "")' \
+            "$resolved" 2>/dev/null)
+    fi
+    echo "${dir:-$BF_RUN_DIR/checkpoints}"
+}
+
 bf_latest_checkpoint() {
-    local root=$BF_RUN_DIR/checkpoints
+    local root
+    root=$(bf_checkpoint_root)
     if [ -f "$root/latest" ]; then echo "$root/$(cat "$root/latest")"; else echo "none"; fi
 }
 

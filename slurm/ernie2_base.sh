@@ -2,15 +2,18 @@
 # ERNIE 2.0 base (continual multi-task pretraining, task embeddings): `sbatch slurm/ernie2_base.sh`.
 #
 # Batch arithmetic (trainer/recipes/ernie2_base.yaml): the paper's 393,216 tokens per step are 768 sequences of 512,
-#     nodes x GPUs per node x micro batch x gradient accumulation = 6 x 8 x 16 x 1 = 768
-# (the paper trained the base model on 48 V100s). 3 nodes -> accumulation 2; 12 nodes -> micro 8
-# (EXTRA_SETS=train.micro_batch_size=8). The continual schedule (stages, tasks, iterations per task) is in the
-# recipe and counted in steps, so a requeued job resumes in the middle of a stage with the same task mix.
+#     nodes x GPUs per node x micro batch x gradient accumulation = 3 x 8 x 32 x 1 = 768.
+# Fewer nodes accumulate (1 node -> 3); more nodes need a smaller micro batch, because 768 must divide evenly:
+# 6 nodes (the paper's 48 GPUs) with EXTRA_SETS=train.micro_batch_size=16, 12 nodes with 8. The continual schedule
+# (stages, tasks, iterations per task) is in the recipe and counted in steps, so a requeued job resumes in the
+# middle of a stage with the same task mix. The entry point is trainer/ernie/pretrain.py (ERNIE's objective and
+# data on the common trainer).
 #
 # Overrides: environment variables (see slurm/common.sh) and sbatch flags, e.g.
-#   DATA_PREFIX=data/zh_wiki RUN_DIR=runs/ernie2 sbatch --nodes=3 slurm/ernie2_base.sh
+#   DATA_PREFIX=data/en_wiki_books_cased RUN_DIR=runs/ernie2 sbatch slurm/ernie2_base.sh
+#   EXTRA_SETS=train.micro_batch_size=16 sbatch --nodes=6 slurm/ernie2_base.sh
 #SBATCH --job-name=ernie2-base
-#SBATCH --nodes=6
+#SBATCH --nodes=3
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
 #SBATCH --exclusive
@@ -21,6 +24,7 @@
 #SBATCH --output=%x-%j.out
 set -uo pipefail
 CONFIG=${CONFIG:-ernie2_base}
+TRAIN_SCRIPT=${TRAIN_SCRIPT:-trainer/ernie/pretrain.py}
 RUN_DIR=${RUN_DIR:-runs/ernie2_base}
 COMMON=${BERTFAMILY_HOME:-${SLURM_SUBMIT_DIR:-.}}/slurm/common.sh
 [ -f "$COMMON" ] || { echo "error: $COMMON not found: run sbatch from the repository root or set BERTFAMILY_HOME" >&2; exit 1; }
