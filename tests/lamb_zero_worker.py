@@ -61,9 +61,30 @@ class TinyEncoder(nn.Module):
         return nn.functional.cross_entropy(logits.reshape(-1, VOCAB).float(), targets.reshape(-1))
 
 
-def make_model() -> TinyEncoder:
+class AlbertWithLoss(nn.Module):
+    """The real encoder: the ``tiny-albert`` preset (factorized embeddings, all layers shared, MLM decoder tied to
+    the word embeddings, SOP head), dropout 0 as in ALBERT v2, with an MLM-over-every-token + SOP loss."""
+
+    def __init__(self):
+        super().__init__()
+        from trainer.models import PRESET_ROWS, PretrainingModel
+        row = PRESET_ROWS["tiny-albert"]
+        self.model = PretrainingModel(row.config.replace(vocab_size=VOCAB), row.heads)
+
+    def forward(self, ids, targets):
+        out = self.model(ids)
+        mlm = out["mlm"].reshape(-1, VOCAB).float()
+        return nn.functional.cross_entropy(mlm, targets.reshape(-1)) + nn.functional.cross_entropy(
+            out["sop"].float(), targets[:, 0] % 2)
+
+
+MODELS = {"stand-in": TinyEncoder, "tiny-albert": AlbertWithLoss}
+MODEL = "stand-in"  # set by --model; the test sets it before building the reference
+
+
+def make_model() -> nn.Module:
     torch.manual_seed(0)
-    return TinyEncoder()
+    return MODELS[MODEL]()
 
 
 def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,12 +201,15 @@ def _cut_params(engine) -> int:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
+    parser.add_argument("--model", choices=sorted(MODELS), default="stand-in")
     parser.add_argument("--stages", default="0,1,2,3", help="ZeRO stages to train with the bound (correct) Lamb")
     parser.add_argument("--naive", default="", help="stages to also train without bind_zero_layout")
     parser.add_argument("--bf16", default="", help="stages to train in bf16, bound and naive")
     parser.add_argument("--resume-dir", help="ZeRO-2: save at step 10, resume into a new engine, finish at 20")
     parser.add_argument("--load-universal", help="ZeRO-2: load DIR/global_step10_universal, finish at 20")
     args = parser.parse_args(argv)
+    global MODEL
+    MODEL = args.model
 
     import deepspeed
     deepspeed.init_distributed(dist_backend="gloo")
