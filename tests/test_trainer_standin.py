@@ -3,7 +3,7 @@ DeepSpeed engine, checkpoints and loop without depending on code that lands sepa
 
 It follows the DESIGN.md contracts: a sample is a pure function of (seed, global index); step s with global batch G
 reads positions [s*G, (s+1)*G) and rank r of R reads its contiguous slice of each micro-batch; ``loss(model, batch)``
-returns (loss, metrics). Each rank appends the global indices it trained on to RUN_DIR/samples_rank{r}.txt, so tests
+returns (loss, metrics). Each rank appends `pid step indices...` for every micro-batch it trained on to RUN_DIR/samples_rank{r}.txt, so tests
 can check the sample order across kills and world-size changes.
 
 Run as a script it is ``trainer.pretrain.main`` with these stand-ins:
@@ -11,6 +11,7 @@ Run as a script it is ``trainer.pretrain.main`` with these stand-ins:
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Literal
@@ -90,6 +91,7 @@ def build(cfg, rank: int, world_size: int, device: str) -> Components:
     model = TinyMLM(cfg.model, cfg.data.max_seq_length)
     G, m = cfg.train.global_batch_size, cfg.train.micro_batch_size
     run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
 
     def micro_batch(indices: list[int]) -> dict:
         parts = [sample(cfg.seed, i, cfg.data, cfg.model.vocab_size) for i in indices]
@@ -105,7 +107,7 @@ def build(cfg, rank: int, world_size: int, device: str) -> Components:
                 indices = list(range(first, first + m))
                 if cfg.data.record_samples:
                     with open(run_dir / f"samples_rank{rank}.txt", "a") as f:
-                        f.write(f"{step + 1} {' '.join(map(str, indices))}\n")
+                        f.write(f"{os.getpid()} {step + 1} {' '.join(map(str, indices))}\n")
                 yield micro_batch(indices)
             step += 1
 

@@ -153,7 +153,6 @@ class Trainer:
                                self.rank, self.world_size, self.cfg.checkpoint.keep_last)
 
     def _nonfinite(self, result: StepResult, in_a_row: int) -> None:
-        self.state.skipped_steps += 1
         self.metrics.message(f"step {self.state.step}: non-finite loss or gradient (loss={result.loss}); step "
                              f"skipped ({in_a_row} in a row, {self.state.skipped_steps} in this run)")
         limit = self.cfg.train.max_nonfinite_in_a_row
@@ -179,7 +178,7 @@ class Trainer:
             self.recent_losses = (self.recent_losses + [result.loss])[-20:]
             in_a_row = in_a_row + 1 if result.nonfinite else 0
             if result.nonfinite:
-                self._nonfinite(result, in_a_row)
+                state.skipped_steps += 1
             window_tokens += result.tokens
             window_time += result.seconds
             window_steps += 1
@@ -187,6 +186,8 @@ class Trainer:
             if state.step % cfg.logging.every_steps == 0 or state.step == cfg.train.steps:
                 self._log(result, lr, window_tokens, window_time, window_steps)
                 window_tokens, window_time, window_steps = 0, 0.0, 0
+            if result.nonfinite:
+                self._nonfinite(result, in_a_row)  # raises after K in a row
             if cfg.train.eval_every and self.comps.eval_batches and state.step % cfg.train.eval_every == 0:
                 self.metrics.log(state.step, self.evaluate(), split="eval")
             if result.preempt:

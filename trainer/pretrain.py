@@ -96,6 +96,7 @@ def run(args, cfg, components_factory: Callable) -> int:
     rank, world_size = ds.init_distributed(cfg.deepspeed.timeout_minutes)
     grad_accum = validate_batch(cfg, world_size)
     device = ds.device_name()
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     root = checkpoint_dir(cfg)
     resume_dir = checkpoint.resolve_resume(root, args.resume)
     universal = resume_dir is not None and checkpoint.needs_universal(resume_dir, world_size)
@@ -130,7 +131,6 @@ def run(args, cfg, components_factory: Callable) -> int:
     flops = model_flops_per_token(comps.model, comps.seq_len, comps.num_layers, comps.hidden)
     metrics = MetricsLogger(cfg.run_dir, cfg.logging, rank, cfg.train.steps, state.step)
     if rank == 0:
-        Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
         (Path(cfg.run_dir) / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))
     print0(f"world size {world_size}, ZeRO stage {engine.zero_stage}, micro batch {cfg.train.micro_batch_size} x "
            f"accumulation {grad_accum} x {world_size} ranks = {cfg.train.global_batch_size} sequences per step")

@@ -1,0 +1,206 @@
+"""Config validation (fails before anything is launched, naming the key), overrides, recipes, schedules, optimizer
+groups and the non-finite guard. No process groups: these run in milliseconds."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from trainer.config import ConfigError, apply_override, config_from_dict, load_config, validate_batch
+from trainer.optim import GuardedAdamW, OptimConfig, build_optimizer, param_groups
+from trainer.optim.schedules import ScheduleConfig, WarmupDecay, build_scheduler
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from test_trainer_standin import SECTIONS  # noqa: E402
+
+RAW = {
+    "run_dir": "/tmp/x",
+    "model": {"hidden_size": 32},
+    "data": {},
+    "objective": {"name": "mlm"},
+    "train": {"steps": 10, "global_batch_size": 16, "micro_batch_size": 2},
+    "optim": {"lr": 1e-3},
+    "deepspeed": {"config": "ds_configs/zero2.json"},
+}
+
+
+def cfg_of(raw=None, **kw):
+    return config_from_dict(raw or RAW, section_models=SECTIONS, **kw)
+
+
+def write(tmp_path, raw) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_unknown_key_fails_naming_the_dotted_key():
+    raw = {**RAW, "optim": {"lr": 1e-3, "betaz": [0.9, 0.98]}}
+    with pytest.raises(ConfigError, match=r"optim\.betaz: .*unknown key"):
+        cfg_of(raw)
+    with pytest.raises(ConfigError, match=r"trian: .*unknown key"):
+        cfg_of({**RAW, "trian": {}})
+
+
+def test_wrong_type_fails_with_key_and_value():
+    with pytest.raises(ConfigError, match=r"train\.steps: .*got 'many'"):
+        cfg_of({**RAW, "train": {**RAW["train"], "steps": "many"}})
+    with pytest.raises(ConfigError, match=r"optim\.name"):
+        cfg_of({**RAW, "optim": {"lr": 1e-3, "name": "sgd"}})
+
+
+def test_batch_arithmetic():
+    cfg = cfg_of()
+    assert validate_batch(cfg, 2) == 4  # 16 = 2 x 4 x 2
+    assert validate_batch(cfg, 8) == 1
+    with pytest.raises(ConfigError, match=r"global_batch_size=16 is not a multiple .* 3 data-parallel ranks"):
+        validate_batch(cfg, 3)
+    explicit = {**RAW, "train": {**RAW["train"], "gradient_accumulation_steps": 2}}
+    with pytest.raises(ConfigError, match=r"global_batch_size=16 != .*gradient_accumulation_steps=2 x 2"):
+        cfg_of(explicit, world_size=2)
+    assert validate_batch(cfg_of(explicit, world_size=4), 4) == 2
+
+
+def test_set_overrides_are_typed_by_the_schema(tmp_path):
+    path = write(tmp_path, RAW)
+    cfg = load_config(str(path), ["optim.lr=4e-4", "run_dir=/tmp/y", "optim.betas=[0.9, 0.98]",
+                                  "deepspeed.zero_stage=3"], section_models=SECTIONS)
+    assert cfg.optim.lr == 4e-4 and isinstance(cfg.optim.lr, float)
+    assert cfg.run_dir == "/tmp/y" and cfg.optim.betas == (0.9, 0.98) and cfg.deepspeed.zero_stage == 3
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        apply_override({}, "optim.lr")
+    with pytest.raises(ConfigError, match=r"deepspeed\.zero_stage"):
+        load_config(str(path), ["deepspeed.zero_stage=4"], section_models=SECTIONS)
+
+
+def test_base_recipe_inheritance(tmp_path):
+    (tmp_path / "parent.yaml").write_text(yaml.safe_dump(RAW))
+    child = tmp_path / "child.yaml"
+    child.write_text(yaml.safe_dump({"base": str(tmp_path / "parent.yaml"), "optim": {"lr": 5e-4}}))
+    cfg = load_config(str(child), section_models=SECTIONS)
+    assert cfg.optim.lr == 5e-4 and cfg.train.global_batch_size == 16 and cfg.recipe == "child"
+
+
+def test_ds_config_problems_fail_early(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        cfg_of({**RAW, "deepspeed": {"config": "ds_configs/nope.json"}})
+    owned = tmp_path / "owned.json"
+    owned.write_text('{"train_batch_size": 64, "zero_optimization": {"stage": 2}}')
+    contra = tmp_path / "bf16.json"
+    contra.write_text('{"bf16": {"enabled": true}}')
+    with pytest.raises(ConfigError, match="deepspeed.precision=fp16 but .* enables bf16"):
+        cfg_of({**RAW, "deepspeed": {"config": str(contra), "precision": "fp16"}})
+    cfg = cfg_of({**RAW, "deepspeed": {"config": str(owned)}})
+    from trainer.engine import build_ds_config
+    with pytest.raises(ValueError, match="train_batch_size.*fills in"):
+        build_ds_config(cfg, 1, 8)
+
+
+def test_ds_config_is_filled_from_the_recipe():
+    from trainer.engine import build_ds_config
+    cfg = cfg_of({**RAW, "deepspeed": {"config": "ds_configs/zero2_bf16.json"}})
+    ds = build_ds_config(cfg, world_size=2, grad_accum=4, load_universal=True)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == \
+        (16, 2, 4)
+    assert ds["bf16"]["enabled"] and not ds["fp16"]["enabled"] and ds["gradient_clipping"] == 1.0
+    assert ds["checkpoint"]["load_universal"] and ds["zero_optimization"]["stage"] == 2
+    ds = build_ds_config(cfg_of({**RAW, "deepspeed": {"config": "ds_configs/zero2_fp16.json", "zero_stage": 1}}), 1,
+                         8)
+    assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0 and ds["zero_optimization"]["stage"] == 1
+
+
+def test_check_flag_validates_without_launching(tmp_path):
+    """`--check` and a bad config both return before deepspeed is imported or any process group exists."""
+    bad = write(tmp_path, {**RAW, "optim": {"lr": -1.0}})
+    code = ("import sys; sys.path.insert(0, 'tests'); from test_trainer_standin import SECTIONS, build; "
+            "from trainer.pretrain import main; rc = main(sys.argv[1:], build, SECTIONS); "
+            "assert 'deepspeed' not in sys.modules; sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, "--config", str(bad)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "optim.lr: Input should be greater than 0" in proc.stderr
+    good = write(tmp_path, RAW)
+    proc = subprocess.run([sys.executable, "-c", code, "--config", str(good), "--check", "--set", "seed=9"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert '"seed": 9' in proc.stdout
+
+
+# --- schedules ---------------------------------------------------------------------------------------------------
+
+def test_linear_warmup_then_linear_decay_closed_form():
+    f = WarmupDecay(ScheduleConfig(kind="linear", warmup_steps=10), total_steps=110)
+    assert [f(s) for s in (0, 5, 10)] == [0.0, 0.5, 1.0]
+    assert f(60) == pytest.approx(0.5) and f(110) == 0.0 and f(500) == 0.0
+
+
+def test_polynomial_decay_and_end_ratio():
+    f = WarmupDecay(ScheduleConfig(kind="polynomial", warmup_steps=0, power=2.0, end_ratio=0.1), total_steps=100)
+    for s in (0, 25, 50, 99):
+        assert f(s) == pytest.approx(0.1 + 0.9 * (1 - s / 100) ** 2)
+    assert WarmupDecay(ScheduleConfig(kind="constant", warmup_steps=4), 100)(50) == 1.0
+
+
+def test_scheduler_state_round_trips():
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = build_scheduler(ScheduleConfig(warmup_steps=3), opt, total_steps=10)
+    for _ in range(5):
+        opt.step()
+        sched.step()
+    state = sched.state_dict()
+    opt2 = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched2 = build_scheduler(ScheduleConfig(warmup_steps=3), opt2, total_steps=10)
+    sched2.load_state_dict(state)
+    assert sched2.get_last_lr() == sched.get_last_lr() == [pytest.approx(1e-3 * (1 - 2 / 7))]
+
+
+# --- optimizer -----------------------------------------------------------------------------------------------------
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+        self.dense = torch.nn.Linear(4, 4)
+        self.LayerNorm = torch.nn.LayerNorm(4)
+        self.tied = torch.nn.Linear(4, 10, bias=False)
+        self.tied.weight = self.emb.weight
+
+
+def test_no_weight_decay_on_biases_and_layernorm_and_shared_params_once():
+    groups = param_groups(_Block(), 0.01)
+    decay, no_decay = groups
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert sum(p.numel() for p in decay["params"]) == 10 * 4 + 16  # embedding (shared, once) + dense.weight
+    assert sum(p.numel() for p in no_decay["params"]) == 4 + 4 + 4  # dense.bias, LayerNorm weight and bias
+
+
+def test_adamw_matches_torch_reference_and_skips_nonfinite():
+    torch.manual_seed(0)
+    model, ref = _Block(), _Block()
+    ref.load_state_dict(model.state_dict())
+    opt = build_optimizer(OptimConfig(lr=1e-2, weight_decay=0.1), model)
+    ref_opt = torch.optim.AdamW(param_groups(ref, 0.1), lr=1e-2, eps=1e-6)
+    assert isinstance(opt, GuardedAdamW)
+    x = torch.randn(3, 4)
+    for m, o in ((model, opt), (ref, ref_opt)):
+        for _ in range(3):
+            o.zero_grad()
+            m.tied(m.LayerNorm(m.dense(x))).sum().backward()
+            o.step()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(a, b)
+    before = [p.detach().clone() for p in model.parameters()]
+    model.dense.weight.grad[0, 0] = math.nan
+    opt.step()
+    assert opt.overflow
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    model.dense.weight.grad[0, 0] = 0.0
+    opt.step()
+    assert not opt.overflow and not torch.equal(before[1], model.dense.weight)

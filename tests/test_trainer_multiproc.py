@@ -1,0 +1,251 @@
+"""Real multi-process runs of trainer/pretrain.py (torchrun, gloo, CPU fp32) with the stand-in components of
+tests/test_trainer_standin.py: ZeRO stage equivalence, bit-identical resume after kill -9, resume on another world
+size through DeepSpeed's universal checkpoint, preemption, the NaN guard, evaluation, plots.
+
+Each launch costs ~8 s here (DeepSpeed start-up dominates), so runs are shared between tests through module-scoped
+fixtures and every test combines the checks one launch allows.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+STANDIN = REPO / "tests" / "test_trainer_standin.py"
+TIMEOUT = 240
+
+pytestmark = pytest.mark.multiproc
+
+BASE = {
+    "seed": 5,
+    "model": {"hidden_size": 32, "num_layers": 2, "dropout": 0.0},
+    "data": {"max_seq_length": 16},
+    "objective": {"name": "mlm"},
+    "train": {"steps": 8, "global_batch_size": 8, "micro_batch_size": 2, "eval_every": 0},
+    "optim": {"name": "adamw", "lr": 3e-3, "weight_decay": 0.01, "grad_clip": 1.0},
+    "schedule": {"kind": "linear", "warmup_steps": 2, "decay_steps": 8},
+    "checkpoint": {"every_steps": 2, "keep_last": 2},
+    "logging": {"every_steps": 1, "progress_bar": False, "tensorboard": False, "peak_tflops": 0.1},
+    "deepspeed": {"config": str(REPO / "ds_configs" / "zero2.json")},
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_config(tmp: Path, name: str, **sections) -> Path:
+    raw = json.loads(json.dumps(BASE))
+    for key, value in sections.items():
+        if isinstance(value, dict):
+            raw[key] = {**raw.get(key, {}), **value}
+        else:
+            raw[key] = value
+    raw["run_dir"] = str(tmp / name)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def command(config: Path, nproc: int, *extra: str) -> list[str]:
+    if nproc == 1:  # no launcher at all: the trainer makes its own 1-rank group
+        return [sys.executable, str(STANDIN), "--config", str(config), *extra]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+            str(_free_port()), str(STANDIN), "--config", str(config), *extra]
+
+
+def run(config: Path, nproc: int = 2, *extra: str, expect: int | None = 0) -> subprocess.CompletedProcess:
+    proc = subprocess.run(command(config, nproc, *extra), capture_output=True, text=True, timeout=TIMEOUT,
+                          cwd=REPO)
+    if expect is not None:
+        assert proc.returncode == expect, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
+
+
+def records(run_dir: Path, split: str = "train") -> list[dict]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("split", "train") == split]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """Loss per step; a step logged twice (before a kill and after the resume) keeps its last record."""
+    return {r["step"]: r["loss"] for r in records(run_dir)}
+
+
+def samples_per_step(run_dir: Path) -> dict[int, list[int]]:
+    """Global sample indices trained at each step, over all ranks; a step trained again after a resume counts
+    only its last attempt (lines carry the writing process's pid)."""
+    out: dict[int, list[int]] = {}
+    for path in sorted(Path(run_dir).glob("samples_rank*.txt")):
+        attempts: dict[int, dict[int, list[int]]] = {}
+        for line in path.read_text().splitlines():
+            pid, step, *idx = map(int, line.split())
+            attempts.setdefault(step, {}).setdefault(pid, []).extend(idx)
+        for step, by_pid in attempts.items():
+            out.setdefault(step, []).extend(list(by_pid.values())[-1])
+    return {s: sorted(i) for s, i in sorted(out.items())}
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("trainer")
+
+
+@pytest.fixture(scope="module")
+def zero_runs(tmp) -> dict[int, Path]:
+    """The same 8 steps on 2 ranks at ZeRO 0, 1, 2 and 3."""
+    runs = {}
+    for stage in (0, 1, 2, 3):
+        cfg = make_config(tmp, f"zero{stage}", deepspeed={"config": str(REPO / "ds_configs" / f"zero{stage}.json")})
+        run(cfg, 2)
+        runs[stage] = tmp / f"zero{stage}"
+    return runs
+
+
+def test_zero_stages_match_stage0(zero_runs):
+    ref = losses(zero_runs[0])
+    assert sorted(ref) == list(range(1, 9))
+    assert len(set(ref.values())) == 8  # the weights move
+    for stage in (1, 2, 3):
+        got = losses(zero_runs[stage])
+        assert sorted(got) == sorted(ref)
+        for step in ref:
+            assert got[step] == pytest.approx(ref[step], rel=1e-5, abs=1e-6), (stage, step, got[step], ref[step])
+
+
+def test_run_outputs_and_checkpoints(zero_runs):
+    run_dir = zero_runs[2]
+    recs = records(run_dir)
+    for key in ("step", "loss", "lr", "tokens_per_s", "samples_per_s", "grad_norm", "mfu", "mlm_acc"):
+        assert key in recs[-1], key
+    assert recs[0]["lr"] == 0.0 and recs[2]["lr"] == pytest.approx(3e-3)  # warmup 2 steps, then linear decay
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
+    ckpts = run_dir / "checkpoints"
+    assert (ckpts / "latest").read_text() == "global_step8"
+    # keep_last=2: steps 2 and 4 were deleted once 6 and 8 were complete
+    assert sorted(p.name for p in ckpts.glob("global_step*")) == ["global_step6", "global_step8"]
+    state = json.loads((ckpts / "global_step8" / "bertfamily.json").read_text())
+    assert state["step"] == 8 and state["consumed_samples"] == 64 and state["world_size"] == 2
+    assert {p.name for p in (ckpts / "global_step8").glob("rng_rank*.pt")} == {"rng_rank0.pt", "rng_rank1.pt"}
+    # the 8 sample positions of each step are the contract's [s*G, (s+1)*G)
+    assert samples_per_step(run_dir) == {s: list(range((s - 1) * 8, s * 8)) for s in range(1, 9)}
+
+
+def test_load_model_state_consolidates_every_stage(zero_runs):
+    import torch
+
+    from trainer.checkpoint import load_model_state
+    states = {stage: load_model_state(zero_runs[stage] / "checkpoints") for stage in (0, 2, 3)}
+    ref, config = states[0]
+    assert config["model"]["hidden_size"] == 32
+    for stage in (2, 3):
+        sd, _ = states[stage]
+        assert sorted(sd) == sorted(ref)
+        for k in ref:
+            torch.testing.assert_close(sd[k].float(), ref[k].float(), rtol=1e-4, atol=1e-5)
+
+
+def _kill_one_rank_when(run_dir: Path, proc: subprocess.Popen, step: int) -> None:
+    deadline = time.time() + TIMEOUT
+    while time.time() < deadline:
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.exists() and any(r["step"] >= step for r in records(run_dir)):
+            workers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "python" in c.name()]
+            assert workers, "no worker processes found"
+            workers[-1].send_signal(signal.SIGKILL)
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"run ended before step {step}: {proc.stderr.read()[-3000:]}")
+        time.sleep(0.05)
+    pytest.fail("timed out waiting for the run to reach the kill step")
+
+
+def test_kill9_one_rank_then_resume_is_bit_identical(tmp):
+    """Dropout on (so the RNG states matter), torch AdamW, ZeRO-2, gradient accumulation 2."""
+    over = {"model": {"dropout": 0.1}, "train": {"steps": 8}}
+    ref_dir = tmp / "kill_ref"
+    run(make_config(tmp, "kill_ref", **over), 2)
+    cfg = make_config(tmp, "kill", **over)
+    proc = subprocess.Popen(command(cfg, 2), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        _kill_one_rank_when(tmp / "kill", proc, step=5)
+        assert proc.wait(timeout=TIMEOUT) != 0  # torchrun tears the job down and fails
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    resumed = run(cfg, 2, "--resume", "auto")
+    assert "resumed from" in resumed.stdout
+    ref, got = losses(ref_dir), losses(tmp / "kill")
+    assert sorted(got) == sorted(ref)
+    for step in ref:
+        assert got[step] == ref[step], (step, got[step], ref[step])  # bit-identical, not approximately
+    assert samples_per_step(tmp / "kill") == samples_per_step(ref_dir)
+
+
+def test_world_size_2_to_1_to_2_keeps_sample_order(tmp, zero_runs):
+    """2 ranks for 3 steps, 1 rank to step 6, 2 ranks to step 8: universal conversion at each change."""
+    cfg = make_config(tmp, "elastic")
+    run(cfg, 2, "--set", "train.steps=3")
+    one = run(cfg, 1, "--set", "train.steps=6")
+    assert "universal" in one.stdout
+    assert (tmp / "elastic" / "checkpoints" / "global_step3" / "universal").is_dir()
+    two = run(cfg, 2)
+    assert "universal" in two.stdout
+    ref, got = losses(zero_runs[2]), losses(tmp / "elastic")
+    assert sorted(got) == sorted(ref)
+    for step in ref:
+        assert got[step] == pytest.approx(ref[step], rel=1e-5), (step, got[step], ref[step])
+    assert samples_per_step(tmp / "elastic") == samples_per_step(zero_runs[2])
+
+
+def test_preemption_signal_saves_and_exits_for_requeue(tmp):
+    """SIGUSR1 to ONE rank: both agree (all-reduced flag), save at the next step boundary; the rank exits 75."""
+    cfg = make_config(tmp, "preempt", train={"steps": 400}, checkpoint={"every_steps": 0})
+    proc = subprocess.Popen(command(cfg, 2), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        deadline = time.time() + TIMEOUT
+        while not ((tmp / "preempt" / "metrics.jsonl").exists() and records(tmp / "preempt")):
+            assert time.time() < deadline and proc.poll() is None, proc.stderr.read()[-3000:]
+            time.sleep(0.05)
+        workers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "python" in c.name()]
+        workers[0].send_signal(signal.SIGUSR1)
+        stderr = proc.communicate(timeout=TIMEOUT)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "exitcode  : 75" in stderr or "exit code: 75" in stderr or "75" in stderr
+    status = json.loads((tmp / "preempt" / "status.json").read_text())
+    assert status["status"] == "preempted" and 0 < status["step"] < 400
+    latest = (tmp / "preempt" / "checkpoints" / "latest").read_text()
+    assert latest == f"global_step{status['step']}"
+    assert (tmp / "preempt" / "checkpoints" / latest / "bertfamily.json").exists()
+
+
+def test_nan_guard_skips_then_stops_with_a_clear_message(tmp):
+    """One process, no launcher. Losses turn NaN from step 4: steps are skipped (weights untouched), and after 3 in
+    a row the run stops with exit status 3 and a message naming the step."""
+    cfg = make_config(tmp, "nan", model={"nan_after_step": 3}, train={"steps": 20, "max_nonfinite_in_a_row": 3},
+                      checkpoint={"every_steps": 3}, deepspeed={"config": str(REPO / "ds_configs" / "zero0.json")})
+    proc = run(cfg, 1, expect=3)
+    out = proc.stdout + proc.stderr
+    assert "stopping at step 6" in out and "optim.lr" in out
+    recs = records(tmp / "nan")
+    assert [r["skipped"] for r in recs] == [0, 0, 0, 1, 2, 3]
+    assert json.loads((tmp / "nan" / "status.json").read_text())["status"] == "nonfinite"
+    import torch
+
+    from trainer.checkpoint import load_model_state
+    state, _ = load_model_state(tmp / "nan" / "checkpoints" / "global_step3")
+    assert all(torch.isfinite(v).all() for v in state.values())
