@@ -184,3 +184,17 @@ def test_unexportable_models_fail_with_a_reason(tmp_path):
         export(PretrainingModel(cfg, {MLM: HeadSpec("mlm")}), cfg, tmp_path)
     with pytest.raises(SystemExit, match="no such folder"):
         cli.main(["--checkpoint", str(tmp_path / "missing"), "--output", str(tmp_path / "o")])
+
+
+def test_sharing_that_hugging_face_cannot_express_is_exported_as_copies(tmp_path):
+    cfg = get_preset("tiny", num_layers=3, sharing="attention", dropout=0.0, attention_dropout=0.0)
+    model = perturbed(PretrainingModel(cfg, CASES["bert"][2]))
+    _, out = export(model, cfg, tmp_path)
+    hf, _ = load_hf(out)
+    ids, mask, types = inputs(cfg)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, mask, types)[MLM],
+                                   hf(input_ids=ids, attention_mask=mask, token_type_ids=types).prediction_logits,
+                                   **TOL)
+    cfg2, state2 = import_hf(out)
+    assert cfg2.sharing == "none" and sum(k.endswith("qkv.weight") for k in state2) == 3

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# GPU variant of bench/step.py: BERT-large training steps in bf16 at seq 128 and 512, tokens/s of our encoder + MLM
+# head + NSP against Hugging Face BertForPreTraining (same config, batch, masked positions), MFU against a bf16 matmul
+# peak measured in the same run, and a correctness check of our model against Hugging Face on the GPU.
+#
+# Needs: one CUDA GPU, python with a CUDA torch, transformers and pydantic (no deepspeed, no megatron-core).
+#   bash bench/gpu.sh                 # all of it (~3-5 min on an H100/H200)
+#   STEPS=10 BATCH_TOKENS=8192 bash bench/gpu.sh
+# Output goes to stdout and, when $OUT is set, to $OUT/gpu_bench.txt.
+#
+# Status: NOT RUN YET. It was written on a CPU-only machine (no GPU was lent to this session, 2026-12-02); the
+# figures belong in BENCHMARKS.md under "## Model step" once someone runs it on a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+STEPS="${STEPS:-20}" BATCH_TOKENS="${BATCH_TOKENS:-8192}" python - <<'PY' 2>&1 | tee "${OUT:-/tmp}/gpu_bench.txt"
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+import transformers
+
+from trainer.models import MLM, NSP, HeadSpec, PretrainingModel, flat_positions, get_preset
+from trainer.models.hf_convert import hf_config, to_hf_state_dict
+from trainer.models.kernels import choose_varlen_method, pack, varlen_attention
+
+if not torch.cuda.is_available():
+    raise SystemExit("bench/gpu.sh needs a CUDA GPU (torch.cuda.is_available() is False)")
+dev = torch.device("cuda")
+STEPS, BATCH_TOKENS = int(os.environ["STEPS"]), int(os.environ["BATCH_TOKENS"])
+HEADS = {MLM: HeadSpec("mlm"), NSP: HeadSpec("sequence", 2)}
+print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+      f"varlen attention: {choose_varlen_method(dev)}")
+
+
+def bf16_peak(n=8192, reps=50):
+    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    for _ in range(5):
+        a @ b
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------- correctness against Hugging Face on the GPU
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+cfg = get_preset("bert-base", num_layers=4, dropout=0.0, attention_dropout=0.0)
+ours = PretrainingModel(cfg, HEADS).to(dev).eval()
+with torch.no_grad():
+    for p in ours.parameters():
+        p.add_(torch.randn_like(p) * 0.02)
+hf = transformers.BertForPreTraining(hf_config(cfg, "BertForPreTraining"))
+hf.load_state_dict(to_hf_state_dict(cfg, {k: v.cpu() for k, v in ours.state_dict().items()}), strict=False)
+hf.tie_weights()
+hf = hf.to(dev).eval()
+ids = torch.randint(5, cfg.vocab_size, (4, 128), device=dev)
+mask = torch.ones_like(ids)
+mask[1, 64:] = 0
+mask[2, 10:] = 0
+ids[mask == 0] = 0
+with torch.no_grad():
+    a = ours(ids, mask)[MLM]
+    b = hf(input_ids=ids, attention_mask=mask).prediction_logits
+    print(f"fp32 logits vs HF on GPU: max |diff| {(a - b).abs().max().item():.2e} (want < 1e-4)")
+    with torch.autocast("cuda", torch.bfloat16):
+        a16 = ours(ids, mask)[MLM].float()
+    print(f"bf16 autocast logits vs fp32 HF: max |diff| {(a16 - b).abs().max().item():.2e} (bf16 rounding)")
+    unpadded = PretrainingModel(cfg.replace(unpad=True), HEADS).to(dev).eval()
+    unpadded.load_state_dict(ours.state_dict())
+    real = mask.bool()
+    d = (unpadded(ids, mask)["hidden"][real] - ours(ids, mask)["hidden"][real]).abs().max().item()
+    print(f"unpad ({choose_varlen_method(dev)}) vs padded hidden: max |diff| {d:.2e}")
+    packing = pack(mask)
+    qkv = torch.randn(int(mask.sum()), 3, 12, 64, device=dev, dtype=torch.bfloat16)
+    ref = varlen_attention(qkv, packing, method="padded")
+    for method in ("nested", "flash"):
+        try:
+            got = varlen_attention(qkv, packing, method=method)
+            print(f"varlen {method} vs padded (bf16): max |diff| {(got - ref).abs().max().item():.2e}")
+        except (RuntimeError, ImportError) as err:
+            print(f"varlen {method}: unavailable ({str(err).splitlines()[0]})")
+del ours, hf, unpadded
+torch.backends.cuda.matmul.allow_tf32 = True
+
+# ---------------------------------------------------------------- BERT-large bf16 training steps, ours vs HF
+peak = bf16_peak()
+print(f"measured bf16 matmul peak: {peak / 1e12:.1f} TFLOP/s")
+for seq, padding in ((128, 0.0), (512, 0.0), (512, 0.5)):
+    batch = BATCH_TOKENS // seq
+    preds = round(0.15 * seq)
+    for unpad in ((False, True) if padding else (False,)):
+        torch.manual_seed(0)
+        cfg = get_preset("bert-large", unpad=unpad)
+        ours = PretrainingModel(cfg, HEADS).to(dev).train()
+        hf = transformers.BertForPreTraining(hf_config(cfg, "BertForPreTraining")).to(dev).train()
+        real = int(seq * (1 - padding))
+        ids = torch.randint(5, cfg.vocab_size, (batch, seq), device=dev)
+        mask = torch.zeros_like(ids)
+        mask[:, :real] = 1
+        ids[mask == 0] = 0
+        pos = torch.stack([torch.randperm(real - 1, device=dev)[:preds] + 1 for _ in range(batch)])
+        labels = torch.randint(5, cfg.vocab_size, pos.shape, device=dev)
+        nsp = torch.randint(0, 2, (batch,), device=dev)
+        flat, flat_labels = flat_positions(pos, labels, seq)
+        hf_labels = torch.full_like(ids, -100).scatter_(1, pos, labels)
+
+        def our_step(opt):
+            with torch.autocast("cuda", torch.bfloat16):
+                out = ours(ids, mask, mlm_positions=flat)
+                loss = F.cross_entropy(out[MLM].float(), flat_labels) + F.cross_entropy(out[NSP].float(), nsp)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        def hf_step(opt):
+            with torch.autocast("cuda", torch.bfloat16):
+                loss = hf(input_ids=ids, attention_mask=mask, labels=hf_labels, next_sentence_label=nsp).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        tokens = int(mask.sum())
+        h, L = cfg.hidden_size, cfg.num_layers
+        flops = (6 * tokens * L * (4 * h * h + 2 * h * cfg.ffn_size) + 12 * L * h * real * tokens
+                 + 6 * flat.numel() * h * cfg.vocab_size)
+        rates = {}
+        for name, fn, model in (("ours", our_step, ours), ("hf", hf_step, hf)):
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+            for _ in range(3):
+                fn(opt)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(STEPS):
+                fn(opt)
+            torch.cuda.synchronize()
+            dt = (time.perf_counter() - start) / STEPS
+            rates[name] = tokens / dt
+            print(f"bert-large seq {seq} batch {batch} padding {padding:.0%} unpad={unpad} {name:>4}: "
+                  f"{dt * 1e3:7.1f} ms/step {tokens / dt:10.0f} tokens/s MFU {flops / dt / peak:6.1%} "
+                  f"peak mem {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+            torch.cuda.reset_peak_memory_stats()
+        print(f"  ratio ours/hf: {rates['ours'] / rates['hf']:.2f}x")
+        del ours, hf
+        torch.cuda.empty_cache()
+PY
