@@ -450,8 +450,8 @@ def detect_world() -> World:
     return World(0, 1, 1)
 
 
-def _mpi_allgather(world: World, status: str) -> list[str]:
-    """Barrier plus every rank's status. mpi4py is imported here, after the worker pool has exited."""
+def _mpi_allgather(world: World, status: tuple[str, int]) -> list[tuple[str, int]]:
+    """Barrier plus every rank's (status, bytes processed). mpi4py is imported here, after the worker pool exited."""
     if not world.is_mpi:
         return [status]
     try:
@@ -597,8 +597,8 @@ def main(argv=None) -> int:
         status = f"rank {world.rank}: {err}"
     except KeyboardInterrupt:
         status = f"rank {world.rank}: interrupted"
-    statuses = _mpi_allgather(world, status)
-    failed = [s for s in statuses if s != "ok"]
+    statuses = _mpi_allgather(world, (status, todo_bytes))
+    failed = [s for s, _ in statuses if s != "ok"]
     if failed:
         for s in failed:
             say(f"error: {s}", file=sys.stderr)
@@ -607,7 +607,7 @@ def main(argv=None) -> int:
     if world.rank != 0:
         return 0
     manifest = _finalize(prefix, workdir, pieces, inputs, settings, tokenizer, args.tokenizer, dir_skips)
-    _summary(prefix, manifest, time.time() - t0, todo_bytes)
+    _summary(prefix, manifest, time.time() - t0, sum(n for _, n in statuses))
     return 0
 
 
