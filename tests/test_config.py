@@ -73,6 +73,11 @@ def test_set_overrides_are_typed_by_the_schema(tmp_path):
                                   "deepspeed.zero_stage=3"], section_models=SECTIONS)
     assert cfg.optim.lr == 4e-4 and isinstance(cfg.optim.lr, float)
     assert cfg.run_dir == "/tmp/y" and cfg.optim.betas == (0.9, 0.98) and cfg.deepspeed.zero_stage == 3
+    raw = {"data": {"corpora": [{"prefix": "a"}, {"prefix": "b"}]}}
+    apply_override(raw, "data.corpora.1.prefix=c")
+    assert raw["data"]["corpora"] == [{"prefix": "a"}, {"prefix": "c"}]
+    with pytest.raises(ConfigError, match="not an index"):
+        apply_override(raw, "data.corpora.2.prefix=d")
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         apply_override({}, "optim.lr")
     with pytest.raises(ConfigError, match=r"deepspeed\.zero_stage"):

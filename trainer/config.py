@@ -68,6 +68,9 @@ class CheckpointConfig(_Section):
     dir: str | None = None
     """None = RUN_DIR/checkpoints."""
     save_at_end: bool = True
+    init_from: str | None = None
+    """Start a fresh run from these weights (a checkpoint folder or a run's checkpoints folder; optimizer, schedule
+    and data position start over), e.g. BERT phase 2 (seq 512) from phase 1 (seq 128). Ignored when resuming."""
 
 
 class LoggingConfig(_Section):
@@ -178,12 +181,48 @@ def apply_override(raw: dict, override: str) -> None:
         raise ConfigError(f"--set {override!r}: expected KEY=VALUE, e.g. --set optim.lr=4e-4")
     key, value = override.split("=", 1)
     parts = key.strip().split(".")
+    parsed = yaml.safe_load(value) if value.strip() else None
     node = raw
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"--set {key}: {part!r} is a value, not a section")
-    node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):  # data.corpora.0.prefix: an index into a list
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"--set {key}: {part!r} is not an index of the {len(node)}-item list before it")
+            if last:
+                node[int(part)] = parsed
+            else:
+                node = node[int(part)]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = parsed
+            else:
+                node = node.setdefault(part, {})
+        else:
+            raise ConfigError(f"--set {key}: {parts[i - 1]!r} is a value, not a section")
+
+
+def _resolve_from_data(raw: dict) -> None:
+    """``model.vocab_size: auto`` / ``model.pad_token_id: auto`` -> the tokenizer's, found through the manifest of
+    the first training corpus, so one recipe fits any tokenizer data prep made."""
+    model = raw.get("model")
+    if not isinstance(model, dict) or "auto" not in (model.get("vocab_size"), model.get("pad_token_id")):
+        return
+    try:
+        prefix = raw["data"]["corpora"][0]["prefix"]
+    except (KeyError, IndexError, TypeError):
+        raise ConfigError("model.vocab_size/pad_token_id: auto needs data.corpora[0].prefix") from None
+    from data_prep.manifest import read_manifest
+    try:
+        tok = read_manifest(prefix)["tokenizer"]
+    except (FileNotFoundError, ValueError) as err:
+        raise ConfigError(f"model.vocab_size/pad_token_id: auto: {err}") from None
+    model = dict(model)
+    if model.get("vocab_size") == "auto":
+        model["vocab_size"] = tok["vocab_size"]
+    if model.get("pad_token_id") == "auto":
+        from data_prep.tokenizer import load_tokenizer
+        model["pad_token_id"] = load_tokenizer(tok["path"]).pad_id
+    raw["model"] = model
 
 
 def _resolve_model_preset(raw: dict) -> None:
@@ -246,6 +285,7 @@ def load_config(path_or_name: str, overrides: list[str] | tuple[str, ...] = (), 
 def config_from_dict(raw: dict, source: str = "config", world_size: int | None = None,
                      section_models: dict[str, str | type] | None = None):
     raw = dict(raw)
+    _resolve_from_data(raw)
     _resolve_model_preset(raw)
     model_cls = run_config_model(section_models)
     try:

@@ -110,6 +110,11 @@ def run(args, cfg, components_factory: Callable) -> int:
 
     checkpoint.seed_everything(cfg.seed)  # identical initial weights on every rank
     comps = components_factory(cfg, rank, world_size, device)
+    if resume_dir is None and cfg.checkpoint.init_from:
+        weights, _ = checkpoint.load_model_state(cfg.checkpoint.init_from)
+        missing, unexpected = comps.model.load_state_dict(weights, strict=False)
+        print0(f"initialised from {cfg.checkpoint.init_from} (missing {list(missing)}, unexpected "
+               f"{list(unexpected)})")
     checkpoint.seed_everything(cfg.seed + 1 + rank)  # each rank its own dropout stream
     optimizer = build_optimizer(cfg.optim, comps.model, device)
     scheduler = build_scheduler(cfg.schedule, optimizer, cfg.train.steps)
