@@ -116,7 +116,7 @@ def test_role_embeddings_trained_only_by_dlm_batches_segment_only_by_mlm():
     torch.manual_seed(0)
     cfg = get_preset("tiny", extra_embeddings={"role": 2}, segment_alternatives=["role"], family="ernie",
                      dropout=0.0, attention_dropout=0.0)
-    obj = ErnieObjective(dlm=True)
+    obj = ErnieObjective({"dlm": {"path": "dialogues.jsonl"}})
     model = obj.build_model(cfg)
     B, T = 4, 16
     g = torch.Generator().manual_seed(0)
@@ -140,4 +140,4 @@ def test_role_embeddings_trained_only_by_dlm_batches_segment_only_by_mlm():
     seg, role, metrics = grads(mlm_batch)
     assert seg > 0.0 and role == 0.0 and "dlm_loss" not in metrics
     with pytest.raises(ValueError, match="segment_alternatives"):
-        ErnieObjective(dlm=True).heads(get_preset("tiny"))
+        obj.heads(get_preset("tiny"))

@@ -61,7 +61,8 @@ def test_tiny_ernie_on_chinese_corpus_two_ranks(tmp_path, zh_corpus):
             f.write(json.dumps({"turns": lines[4 * d:4 * d + 4]}, ensure_ascii=False) + "\n")
     run_dir = tmp_path / "run"
     recs = _train("tiny_ernie", run_dir, f"data.corpora=[{{prefix: {prefix}}}]", f"model.vocab_size={vocab}",
-                  f"objective.dlm.path={dialogues}", "train.steps=60", "objective.dlm.annotate=jieba")
+                  f"objective.options.dlm.path={dialogues}", "train.steps=60",
+                  "objective.options.dlm.annotate=jieba")
     assert [r["step"] for r in recs] == list(range(1, 61))
     dlm_steps = [r["step"] for r in recs if "dlm_loss" in r]
     assert dlm_steps == list(range(4, 61, 4))  # every 4th step is a DLM step, on both ranks

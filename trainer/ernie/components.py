@@ -2,54 +2,82 @@
 
 ``trainer.pretrain.main(argv, components_factory=ernie_components, section_models=SECTION_MODELS)`` trains ERNIE
 1.0 or 2.0 with the common trainer (engine, checkpoints, resume, logging); ``python -m trainer.ernie.pretrain`` does
-exactly that. Batches come from ``trainer/ernie/data.py`` through ``trainer.data``'s batch sampler and DataLoader.
+exactly that. With the objectives registry's entries ``ernie`` / ``ernie2``, ``trainer/pretrain.py`` gets the same
+through the objectives' ``build_components`` method. Batches come from ``trainer/ernie/data.py`` through ``trainer.data``'s batch sampler and DataLoader.
 """
 from __future__ import annotations
 
-SECTION_MODELS = {"objective": "trainer.objectives.ernie:ErnieObjectiveConfig"}
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+OBJECTIVES = {"ernie": "trainer.objectives.ernie:ErnieObjective", "ernie2": "trainer.objectives.ernie2:Ernie2Objective"}
+
+
+def objective_class(name: str):
+    import importlib
+
+    module, _, attr = OBJECTIVES[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class ErnieObjectiveSection(BaseModel):
+    """The ``objective`` section (``{name, options}``, the shape of ``trainer.objectives.ObjectiveConfig``) for
+    runs launched through ``python -m trainer.ernie.pretrain``; options are validated by the objective's Options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["ernie", "ernie2"]
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _valid_options(self):
+        try:
+            objective_class(self.name).Options.model_validate(self.options)
+        except ValidationError as err:
+            first = err.errors()[0]
+            key = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"objective.options.{key}: {first['msg']}") from None
+        return self
+
+
+SECTION_MODELS = {"objective": ErnieObjectiveSection}
 
 
 def build_objective(obj_cfg):
-    if obj_cfg.name == "ernie2":
-        from trainer.objectives.ernie2 import Ernie2Objective
-
-        return Ernie2Objective.from_config(obj_cfg)
-    from trainer.objectives.ernie import ErnieObjective
-
-    return ErnieObjective.from_config(obj_cfg)
+    return objective_class(obj_cfg.name)(obj_cfg.options)
 
 
-def build_dataset(cfg, tokenizer, split: str = "train"):
-    """The ERNIE dataset of a run config (``cfg.objective`` an ErnieObjectiveConfig)."""
+def build_dataset(cfg, tokenizer, objective, split: str = "train"):
+    """The ERNIE dataset of a run config and its objective -> (dataset, continual plan or None)."""
     from trainer.ernie.continual import ContinualPlan
     from trainer.ernie.data import KnowledgeMaskedDataset, MultiTaskDataset
     from trainer.ernie.tasks import PairTaskFile
 
-    obj = cfg.objective
+    opt = objective.options
     G = cfg.train.global_batch_size
-    if obj.name == "ernie2":
-        plan = ContinualPlan(obj.continual)
+    if objective.name == "ernie2":
+        plan = ContinualPlan(opt.continual)
         if cfg.train.steps > plan.total_steps:
             raise ValueError(f"train.steps = {cfg.train.steps} but the continual plan has {plan.total_steps} steps "
                              f"(the tasks' iterations); lower train.steps or raise iterations:\n{plan.describe()}")
-        pairs = {name: PairTaskFile(getattr(obj, name).path, getattr(obj, name).labels, tokenizer.encode)
-                 for name in ("discourse", "ir_relevance") if getattr(obj, name) is not None}
-        return MultiTaskDataset(cfg.data, tokenizer, cfg.seed, split, obj.knowledge_masking, G, plan,
-                                obj.reorder_max_pieces, pairs, obj.token_document_max_tokens), plan
-    dialogues = None
-    if obj.dlm is not None:
+        pairs = {name: PairTaskFile(getattr(opt, name).path, getattr(opt, name).labels, tokenizer.encode)
+                 for name in ("discourse", "ir_relevance") if getattr(opt, name) is not None}
+        return MultiTaskDataset(cfg.data, tokenizer, cfg.seed, split, opt.knowledge_masking, G, plan,
+                                opt.reorder_max_pieces, pairs, opt.token_document_max_tokens), plan
+    dialogues, dlm = None, opt.dlm
+    if dlm is not None:
         from data_prep.annotate import make_annotator
         from trainer.ernie.dlm import DialogueFile
 
-        annotator = make_annotator(obj.dlm.annotate) if obj.dlm.annotate else None
-        dialogues = DialogueFile(obj.dlm.path, tokenizer, annotator, tokenizer.path if annotator else None)
-    ds = KnowledgeMaskedDataset(cfg.data, tokenizer, cfg.seed, split, obj.knowledge_masking, G, dialogues,
-                                obj.dlm.every if obj.dlm else 0, obj.dlm.num_turns if obj.dlm else 3,
-                                obj.dlm.fake_prob if obj.dlm else 0.5)
+        annotator = make_annotator(dlm.annotate) if dlm.annotate else None
+        dialogues = DialogueFile(dlm.path, tokenizer, annotator, tokenizer.path if annotator else None)
+    ds = KnowledgeMaskedDataset(cfg.data, tokenizer, cfg.seed, split, opt.knowledge_masking, G, dialogues,
+                                dlm.every if dlm else 0, dlm.num_turns if dlm else 3, dlm.fake_prob if dlm else 0.5)
     return ds, None
 
 
-def ernie_components(cfg, rank: int, world_size: int, device: str):
+def ernie_components(cfg, rank: int, world_size: int, device: str, objective=None):
     from data_prep.manifest import read_manifest
     from data_prep.tokenizer import load_tokenizer
     from trainer.data.loader import build_dataloader
@@ -57,13 +85,13 @@ def ernie_components(cfg, rank: int, world_size: int, device: str):
     from trainer.log import print0
     from trainer.loop import Components
 
-    objective = build_objective(cfg.objective)
+    objective = objective or build_objective(cfg.objective)
     model = objective.build_model(cfg.model)
     tokenizer = load_tokenizer(read_manifest(cfg.data.corpora[0].prefix)["tokenizer"]["path"])
-    dataset, plan = build_dataset(cfg, tokenizer, "train")
+    dataset, plan = build_dataset(cfg, tokenizer, objective, "train")
     if plan is not None:
         print0("ERNIE 2.0 continual plan:\n" + plan.describe())
-    collate = ErnieCollator(tokenizer.pad_id, cfg.objective.knowledge_masking.max_predictions_per_seq)
+    collate = ErnieCollator(tokenizer.pad_id, objective.options.knowledge_masking.max_predictions_per_seq)
     G, micro = cfg.train.global_batch_size, cfg.train.micro_batch_size
 
     def train_batches(consumed_samples: int):
@@ -72,7 +100,7 @@ def ernie_components(cfg, rank: int, world_size: int, device: str):
 
     eval_batches = None
     if cfg.data.valid_corpora and plan is None:  # ERNIE 2.0 evaluation would need a task per eval batch: not yet
-        valid, _ = build_dataset(cfg, tokenizer, "valid")
+        valid, _ = build_dataset(cfg, tokenizer, objective, "valid")
         per_eval = cfg.train.eval_batches * micro * world_size
 
         def eval_batches():

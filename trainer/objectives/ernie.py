@@ -1,5 +1,7 @@
 """ERNIE 1.0 objective: MLM over knowledge-masked batches, jointly with the dialogue language model (DLM).
 
+Recipe: ``objective: {name: ernie, options: {knowledge_masking: {...}, dlm: {...}}}`` (``ErnieOptions``).
+
 Batches are knowledge-masked by the data side (``trainer/ernie/knowledge_masking.py``), so the loss here is BERT's
 masked-LM cross-entropy. A batch that carries ``role_ids`` is a DLM batch: the roles go to the encoder as
 ``extra_ids["role"]`` (in place of segment embeddings, see ``ModelConfig.segment_alternatives``) and the real/fake
@@ -8,13 +10,10 @@ by DLM batches and the segment table only by MLM batches. Registry name: ``ernie
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from trainer.ernie.continual import ContinualConfig
 from trainer.ernie.knowledge_masking import KnowledgeMaskingConfig
 from trainer.models import MLM, HeadSpec, ModelConfig, PretrainingModel, flat_positions
 
@@ -45,37 +44,14 @@ class PairTaskConfig(BaseModel):
     """Every class, in the order of the classifier's outputs."""
 
 
-class ErnieObjectiveConfig(BaseModel):
-    """The ``objective`` section of ERNIE recipes (``name: ernie`` for 1.0, ``ernie2`` for 2.0)."""
+class ErnieOptions(BaseModel):
+    """``objective.options`` of ``name: ernie`` (ERNIE 1.0)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Literal["ernie", "ernie2"]
     knowledge_masking: KnowledgeMaskingConfig = Field(default_factory=KnowledgeMaskingConfig)
     dlm: DlmConfig | None = None
-    """ERNIE 1.0 only: the dialogue language model, trained jointly with MLM."""
-    continual: ContinualConfig | None = None
-    """ERNIE 2.0 only: its tasks and their schedule (required)."""
-    reorder_max_pieces: int = Field(3, ge=1, le=5)
-    """Sentence reordering: at most m pieces, k = 1! + ... + m! classes."""
-    discourse: PairTaskConfig | None = None
-    ir_relevance: PairTaskConfig | None = None
-    token_document_max_tokens: int = Field(4096, ge=1)
-    """Token-document relation looks at up to this many tokens of the rest of the document."""
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        if self.name == "ernie2" and self.continual is None:
-            raise ValueError("objective.continual is required for ernie2 (its tasks and their iterations)")
-        if self.name == "ernie" and self.continual is not None:
-            raise ValueError("objective.continual is for ernie2; ERNIE 1.0 (name: ernie) trains MLM (+ dlm)")
-        if self.name == "ernie2" and self.dlm is not None:
-            raise ValueError("objective.dlm is ERNIE 1.0's; for ernie2 remove it")
-        if self.continual is not None:
-            for task in ("discourse", "ir_relevance"):
-                if any(t.name == task for t in self.continual.tasks) and getattr(self, task) is None:
-                    raise ValueError(f"objective.continual lists {task}: give objective.{task}.path and labels")
-        return self
+    """The dialogue language model, trained jointly with MLM (None = MLM only)."""
 
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,17 +78,21 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[tor
 
 
 class ErnieObjective:
-    """ERNIE 1.0: knowledge-masked MLM, plus DLM when ``dlm=True`` (the model then needs a ``role`` table listed
-    in ``segment_alternatives``)."""
+    """ERNIE 1.0: knowledge-masked MLM, plus DLM when ``options.dlm`` is set (the model then needs a ``role`` table
+    listed in ``segment_alternatives``). Its batches come from ``trainer/ernie/data.py``: ``build_components``."""
 
     name = "ernie"
+    Options = ErnieOptions
 
-    def __init__(self, dlm: bool = False):
-        self.dlm = dlm
+    def __init__(self, options: ErnieOptions | dict | None = None):
+        self.options = options if isinstance(options, BaseModel) else self.Options.model_validate(options or {})
+        self.dlm = getattr(self.options, "dlm", None) is not None
 
-    @classmethod
-    def from_config(cls, cfg: ErnieObjectiveConfig) -> "ErnieObjective":
-        return cls(dlm=cfg.dlm is not None)
+    def build_components(self, cfg, rank: int, world_size: int, device: str):
+        """Model, loss and ERNIE batches for ``trainer.pretrain`` (its ``Components``)."""
+        from trainer.ernie.components import ernie_components
+
+        return ernie_components(cfg, rank, world_size, device, objective=self)
 
     def heads(self, model_cfg: ModelConfig) -> dict[str, HeadSpec]:
         heads = {MLM: HeadSpec("mlm")}
@@ -127,8 +107,8 @@ class ErnieObjective:
         return PretrainingModel(model_cfg, self.heads(model_cfg))
 
     def data_requirements(self) -> dict:
-        return {"masking": "knowledge", "labels": ["mlm_positions", "mlm_labels"] + (["role_ids", "dlm_label"]
-                                                                                    if self.dlm else [])}
+        return {"formats": ("doc-sentences",), "masking": "knowledge",
+                "labels": ["mlm_positions", "mlm_labels"] + (["role_ids", "dlm_label"] if self.dlm else [])}
 
     def loss(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         ids = batch["input_ids"]

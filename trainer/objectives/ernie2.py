@@ -5,26 +5,59 @@ Heads (one per task in ``objective.continual.tasks``): ``mlm`` (vocabulary logit
 ``sentence_distance`` (3), ``discourse`` and ``ir_relevance`` (their label lists). A batch carries the labels of the
 tasks its step trains (``trainer/ernie/data.py``); the loss is the weighted sum of those tasks' losses, and each task's
 loss and accuracy are reported as ``<task>_loss`` / ``<task>_acc``. Task embeddings: the model needs
-``extra_embeddings.task`` with at least ``len(trainer.ernie.tasks.TASKS)`` rows. Registry name: ``ernie2``.
+``extra_embeddings.task`` with at least ``len(trainer.ernie.tasks.TASKS)`` rows. Registry name: ``ernie2``; recipe:
+``objective: {name: ernie2, options: {continual: {...}, ...}}`` (``Ernie2Options``).
 """
 from __future__ import annotations
 
 import torch
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from trainer.ernie import tasks as T
 from trainer.ernie.continual import ContinualConfig
+from trainer.ernie.knowledge_masking import KnowledgeMaskingConfig
 from trainer.models import MLM, HeadSpec, ModelConfig, PretrainingModel, flat_positions
-from trainer.objectives.ernie import ErnieObjectiveConfig, classification_loss, mlm_loss
+from trainer.objectives.ernie import PairTaskConfig, classification_loss, mlm_loss
 
 TOKEN_LABELS = {"capitalization": "capitalization_labels", "token_document": "token_document_labels"}
 SENTENCE_LABELS = {"sentence_reorder": "sentence_reorder_label", "sentence_distance": "sentence_distance_label",
                    "discourse": "discourse_label", "ir_relevance": "ir_relevance_label"}
 
 
+class Ernie2Options(BaseModel):
+    """``objective.options`` of ``name: ernie2``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    continual: ContinualConfig
+    """The tasks, their iterations and the schedule."""
+    knowledge_masking: KnowledgeMaskingConfig = Field(default_factory=KnowledgeMaskingConfig)
+    reorder_max_pieces: int = Field(3, ge=1, le=5)
+    """Sentence reordering: at most m pieces, k = 1! + ... + m! classes."""
+    discourse: PairTaskConfig | None = None
+    ir_relevance: PairTaskConfig | None = None
+    token_document_max_tokens: int = Field(4096, ge=1)
+    """Token-document relation looks at up to this many tokens of the rest of the document."""
+
+    @model_validator(mode="after")
+    def _pair_files_given(self):
+        for task in ("discourse", "ir_relevance"):
+            if any(t.name == task for t in self.continual.tasks) and getattr(self, task) is None:
+                raise ValueError(f"continual.tasks lists {task}: give objective.options.{task} (path, labels)")
+        return self
+
+
 class Ernie2Objective:
     name = "ernie2"
+    Options = Ernie2Options
 
-    def __init__(self, continual: ContinualConfig, reorder_max_pieces: int = 3, num_labels: dict | None = None):
+    def __init__(self, options: Ernie2Options | dict):
+        self.options = options if isinstance(options, BaseModel) else self.Options.model_validate(options)
+        continual = self.options.continual
+        num_labels = {name: len(getattr(self.options, name).labels) for name in ("discourse", "ir_relevance")
+                      if getattr(self.options, name) is not None}
+        reorder_max_pieces = self.options.reorder_max_pieces
         self.tasks = {t.name: t for t in continual.tasks}
         unknown = set(self.tasks) - set(T.TASKS) - {"dlm"}
         if unknown or "dlm" in self.tasks:
@@ -34,11 +67,11 @@ class Ernie2Objective:
                            "sentence_reorder": T.num_reorder_classes(reorder_max_pieces), "sentence_distance": 3,
                            **(num_labels or {})}
 
-    @classmethod
-    def from_config(cls, cfg: ErnieObjectiveConfig) -> "Ernie2Objective":
-        labels = {name: len(getattr(cfg, name).labels) for name in ("discourse", "ir_relevance")
-                  if getattr(cfg, name) is not None}
-        return cls(cfg.continual, cfg.reorder_max_pieces, labels)
+    def build_components(self, cfg, rank: int, world_size: int, device: str):
+        """Model, loss and ERNIE 2.0 batches for ``trainer.pretrain`` (its ``Components``)."""
+        from trainer.ernie.components import ernie_components
+
+        return ernie_components(cfg, rank, world_size, device, objective=self)
 
     def heads(self, model_cfg: ModelConfig) -> dict[str, HeadSpec]:
         if model_cfg.extra_embeddings.get("task", 0) < len(T.TASKS):
@@ -58,7 +91,7 @@ class Ernie2Objective:
         return PretrainingModel(model_cfg, self.heads(model_cfg))
 
     def data_requirements(self) -> dict:
-        return {"format": "doc-sentences", "masking": "knowledge", "tasks": list(self.tasks)}
+        return {"formats": ("doc-sentences",), "masking": "knowledge", "tasks": list(self.tasks)}
 
     def loss(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         ids = batch["input_ids"]
