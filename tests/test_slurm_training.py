@@ -1,0 +1,250 @@
+"""The training templates of slurm/ submitted to the local two-node Slurm cluster (tests/slurm_cluster.py), each node
+running one gloo rank on CPU (fp32) through the template's own srun + torchrun launch, with tiny configs:
+
+- slurm/roberta_large.sh, tiny RoBERTa, ZeRO-2: losses fall and a checkpoint is written; the same run preempted
+  with `scontrol requeue` mid-run saves, is requeued, resumes and ends with the uninterrupted run's losses;
+- slurm/albert_xxlarge.sh, tiny ALBERT (SOP + n-gram masking) with LAMB under ZeRO-2, with a rank killed on one
+  node: the job fails within a bounded time with the template's message naming the last complete checkpoint, and
+  resubmitting the same command resumes from that checkpoint;
+- slurm/bert_base.sh, both phases in one job, phase 2 starting from phase 1's weights.
+
+Each launch costs ~30 s here (two ranks importing torch/DeepSpeed on a shared 2-core machine), so runs are few and
+short, and every test checks all that its launches allow.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from slurm_cluster import MARKER, slurm_cluster  # noqa: F401  (fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = [
+    pytest.mark.slurm, pytest.mark.slow, pytest.mark.multiproc,
+    pytest.mark.skipif(not (REPO / "trainer" / "pretrain.py").exists(), reason="trainer/pretrain.py not there yet"),
+]
+JOB_TIMEOUT = 300
+VOCAB = 1024  # the tiny presets' vocabulary; the test tokenizer is trained to exactly this size
+
+
+@pytest.fixture(scope="module")
+def corpus(en_corpus, tmp_path_factory) -> Path:
+    """A byte-level BPE tokenizer of the tiny presets' size and indexed shards of the corpus's first documents."""
+    from data_prep import build_indexed, train_tokenizer
+
+    tmp = tmp_path_factory.mktemp("data")
+    lines = en_corpus.read_text(encoding="utf-8").splitlines(keepends=True)[:6000]
+    while lines and lines[-1].strip():  # end at a document boundary (blank line)
+        lines.pop()
+    text = tmp / "en.txt"
+    text.write_text("".join(lines), encoding="utf-8")
+    assert train_tokenizer.main(["--kind", "bbpe", "--input", str(text), "--output", str(tmp / "tok"),
+                                 "--vocab-size", str(VOCAB), "--quiet"]) == 0
+    prefix = tmp / "corpus" / "en"
+    assert build_indexed.main(["--input", str(text), "--tokenizer", str(tmp / "tok"), "--output-prefix",
+                               str(prefix)]) == 0
+    return prefix
+
+
+def tiny_config(path: Path, preset: str, objective: str, data_format: str, steps: int, **sections) -> Path:
+    """A tiny run config (YAML). The data prefix and run folder come from the template (DATA_PREFIX, RUN_DIR)."""
+    raw = {
+        "run_dir": "unset-the-template-sets-it",
+        "seed": 11,
+        "model": {"preset": preset, "vocab_size": VOCAB, "dropout": 0.0, "attention_dropout": 0.0},
+        "data": {"corpora": [{"prefix": "unset"}], "format": data_format, "max_seq_length": 64, "num_workers": 0},
+        "objective": {"name": objective},
+        "train": {"steps": steps, "global_batch_size": 8, "micro_batch_size": 4},
+        "optim": {"name": "adamw", "lr": 2e-3},
+        "schedule": {"kind": "linear", "warmup_steps": 2},
+        "deepspeed": {"config": "ds_configs/zero2.json", "precision": "fp32"},
+        "checkpoint": {"every_steps": 4, "keep_last": 3},
+        "logging": {"every_steps": 1, "tensorboard": False, "progress_bar": False, "peak_tflops": 1.0},
+    }
+    for key, value in sections.items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def submit(cluster, template: str, log: Path, **env: str) -> int:
+    """sbatch a template the way a user does (from the repo root), with the test cluster's sizes: 2 nodes, no GPUs."""
+    env = {"RDZV_TIMEOUT": "120", "SAVE_TIMEOUT": "60", **env}
+    return cluster.sbatch(REPO / "slurm" / template, "--nodes=2", "--gpus-per-node=0", "--time=30:00",
+                          f"--output={log}", cwd=REPO, env=env)
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """step -> loss from metrics.jsonl (a resumed run appends; the last record of a step wins)."""
+    out = {}
+    path = run_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        rec = json.loads(line)
+        if rec.get("split", "train") == "train" and "loss" in rec:
+            out[rec["step"]] = rec["loss"]
+    return out
+
+
+def wait_for_steps(run_dir: Path, n: int, cluster, job: int, timeout: float = JOB_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while len(losses(run_dir)) < n:
+        if time.monotonic() > deadline or cluster.job(job).get("JobState") not in ("PENDING", "RUNNING"):
+            raise AssertionError(f"job {job} did not reach {n} logged steps: {cluster.job(job).get('JobState')}\n"
+                                 + cluster.job_output(job))
+        time.sleep(0.3)
+
+
+def latest_step(run_dir: Path) -> int | None:
+    latest = run_dir / "checkpoints" / "latest"
+    return int(latest.read_text().strip().removeprefix("global_step")) if latest.exists() else None
+
+
+def assert_completed(cluster, job: int, log: Path) -> str:
+    info = cluster.wait_job(job, JOB_TIMEOUT)
+    text = log.read_text(errors="replace")
+    assert info["JobState"] == "COMPLETED", f"{info.get('JobState')} {info.get('ExitCode')}\n{text[-6000:]}"
+    return text
+
+
+def assert_falls(run: dict[int, float], window: int = 5) -> None:
+    steps = sorted(run)
+    first = sum(run[s] for s in steps[:window]) / window
+    last = sum(run[s] for s in steps[-window:]) / window
+    assert last < first - 0.02, f"loss did not fall: first {first:.4f}, last {last:.4f} ({run})"
+
+
+def resumed_at(text: str) -> list[int]:
+    """The steps the trainer reports resuming at ("resumed from DIR at step K ...")."""
+    return [int(line.split(" at step ")[1].split()[0]) for line in text.splitlines()
+            if "resumed from" in line and " at step " in line]
+
+
+def test_roberta_large_template_trains_and_a_preempted_run_resumes_to_the_same_losses(slurm_cluster, corpus,
+                                                                                      tmp_path):
+    steps = 30
+    cfg = tiny_config(tmp_path / "tiny_roberta.yaml", "tiny-roberta", "mlm", "full-sentences", steps=steps,
+                      checkpoint={"every_steps": 10})
+    env = {"CONFIG": str(cfg), "DATA_PREFIX": str(corpus)}
+
+    straight = tmp_path / "straight"
+    job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "straight.out", RUN_DIR=str(straight), **env)
+    text = assert_completed(slurm_cluster, job, tmp_path / "straight.out")
+    reference = losses(straight)
+    assert sorted(reference) == list(range(1, steps + 1)), reference
+    assert_falls(reference)
+    assert "ZeRO stage 2" in text and "world size 2" in text, text[-4000:]
+    assert latest_step(straight) == steps
+    assert json.loads((straight / "status.json").read_text())["status"] == "completed"
+    # One torchrun per node, each rank's output in its own file.
+    rank_logs = sorted((straight / "logs").glob("job*-restart0/node*/*/attempt_0/0/stderr.log"))
+    assert len(rank_logs) == 2, rank_logs
+
+    preempted = tmp_path / "preempted"
+    job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "preempted.out", RUN_DIR=str(preempted), **env)
+    wait_for_steps(preempted, 2, slurm_cluster, job)
+    slurm_cluster.client("scontrol", "requeue", str(job))
+    slurm_cluster.release_requeued(job)
+    text = assert_completed(slurm_cluster, job, tmp_path / "preempted.out")
+    info = slurm_cluster.job(job)
+    assert info["Restarts"] == "1", info
+    assert "stopped by SIGTERM" in text and "restart 1" in text, text[-6000:]
+    # The requeued run resumed mid-run from the checkpoint the signal made (not a periodic one: every 10 steps).
+    (at,) = resumed_at(text)
+    assert 2 <= at < steps and at % 10 != 0, text[-6000:]
+    resumed = losses(preempted)
+    assert sorted(resumed) == list(range(1, steps + 1))
+    # Every step's loss equals the uninterrupted run's (torch AdamW under ZeRO-2 resumes bit-identically; the
+    # tolerance covers only the rounding of metrics.jsonl).
+    for step in range(1, steps + 1):
+        assert resumed[step] == pytest.approx(reference[step], rel=1e-6, abs=1e-7), (step, resumed, reference)
+
+
+def test_albert_xxlarge_template_with_lamb_survives_a_killed_rank(slurm_cluster, corpus, tmp_path):
+    """Tiny ALBERT (SOP + n-gram masking, LAMB under ZeRO-2). One node's rank is killed: the job fails within a
+    bounded time with the template's message naming the last complete checkpoint; resubmitting the same command
+    resumes from that checkpoint and finishes, with the loss falling over the whole run."""
+    steps = 40
+    cfg = tiny_config(tmp_path / "tiny_albert.yaml", "tiny-albert", "mlm+sop", "sop-pair", steps=steps,
+                      data={"masking": {"strategy": "ngram", "max_predictions_per_seq": 10}},
+                      optim={"name": "lamb", "lr": 5e-3, "weight_decay": 0.01})
+    run = tmp_path / "albert"
+    env = {"CONFIG": str(cfg), "DATA_PREFIX": str(corpus), "RUN_DIR": str(run)}
+    job = submit(slurm_cluster, "albert_xxlarge.sh", tmp_path / "first.out", **env)
+    wait_for_steps(run, 5, slurm_cluster, job)
+    victims = _rank_processes(slurm_cluster, node_id="1")
+    assert len(victims) == 1, victims
+    saved = latest_step(run)
+    assert saved is not None and saved >= 4
+    killed_at = time.monotonic()
+    victims[0].kill()
+    info = slurm_cluster.wait_job(job, 120)
+    took = time.monotonic() - killed_at
+    text = (tmp_path / "first.out").read_text(errors="replace")
+    assert info["JobState"] == "FAILED", text[-5000:]
+    assert took < 120  # bounded by the cluster's KillWait (30 s), not by a collective timeout
+    assert "TRAINING FAILED" in text and "n2: task 1" in text, text[-5000:]
+    last = latest_step(run)
+    assert last is not None and last >= saved and last < steps
+    assert f"Last complete checkpoint: {run}/checkpoints/global_step{last}" in text, text[-3000:]
+    resolved = json.loads(next((run / "logs").glob("job*-restart0/config.json")).read_text())
+    assert resolved["optim"]["name"] == "lamb" and resolved["objective"]["name"] == "mlm+sop"
+    before = losses(run)
+
+    job = submit(slurm_cluster, "albert_xxlarge.sh", tmp_path / "again.out", **env)
+    text = assert_completed(slurm_cluster, job, tmp_path / "again.out")
+    assert resumed_at(text) == [last], text[-5000:]
+    assert "ZeRO stage 2" in text and latest_step(run) == steps
+    run_losses = losses(run)
+    assert sorted(run_losses) == list(range(1, steps + 1))
+    assert_falls(run_losses)
+    # Steps the killed run had done past its checkpoint were redone with the same losses (exact resume under LAMB).
+    redone = [s for s in before if s > last]
+    assert redone, before
+    for step in redone:
+        assert run_losses[step] == pytest.approx(before[step], rel=1e-6, abs=1e-7), (step, before, run_losses)
+
+
+def _supports_init_from() -> bool:
+    from trainer.config import CheckpointConfig
+
+    return "init_from" in CheckpointConfig.model_fields
+
+
+@pytest.mark.skipif(not (REPO / "trainer" / "config.py").exists() or not _supports_init_from(),
+                    reason="trainer has no checkpoint.init_from yet (DESIGN.md, Checkpoints): BERT phase 2 needs it")
+def test_bert_base_template_runs_both_phases(slurm_cluster, corpus, tmp_path):
+    phase1 = tiny_config(tmp_path / "p1.yaml", "tiny", "mlm+nsp", "segment-pair", steps=8,
+                         data={"max_seq_length": 32})
+    phase2 = tiny_config(tmp_path / "p2.yaml", "tiny", "mlm+nsp", "segment-pair", steps=6,
+                         data={"max_seq_length": 64}, checkpoint={"every_steps": 3})
+    run = tmp_path / "bert"
+    job = submit(slurm_cluster, "bert_base.sh", tmp_path / "bert.out", PHASE1_CONFIG=str(phase1),
+                 PHASE2_CONFIG=str(phase2), DATA_PREFIX=str(corpus), RUN_DIR=str(run))
+    text = assert_completed(slurm_cluster, job, tmp_path / "bert.out")
+    one, two = losses(run / "phase1"), losses(run / "phase2")
+    assert sorted(one) == list(range(1, 9)) and sorted(two) == list(range(1, 7))
+    assert f"initialised from {run}/phase1/checkpoints/global_step8" in text, text[-5000:]
+    assert latest_step(run / "phase1") == 8 and latest_step(run / "phase2") == 6
+    # Phase 2 starts from phase 1's weights, not from scratch: its first loss is near phase 1's last, well below
+    # phase 1's first (a fresh tiny model starts at ~ln(vocab)).
+    assert two[1] < one[1] - 0.05, (one, two)
+
+
+def _rank_processes(cluster, node_id: str) -> list[psutil.Process]:
+    """The training ranks (not torchrun) that this cluster's node ``node_id`` runs."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if (env.get(MARKER) == str(cluster.root) and env.get("SLURM_NODEID") == node_id and "RANK" in env
+                and "pretrain.py" in cmd and "torchrun" not in cmd):
+            found.append(proc)
+    return found
