@@ -480,35 +480,55 @@ class SequenceText:
         return text, offsets
 
 
-def annotate_corpus(prefix: str | Path, spec: str, progress: bool = True) -> list[dict]:
-    """Write the side-car of every shard of a prepared corpus (``PREFIX.manifest.json``); returns their headers."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset  # slow import: only this CLI path needs it
+def annotate_shard(shard_prefix: str, spec: str, tokenizer_dir: str) -> dict:
+    """Write one shard's side-car from its tokens; returns the header. Runs in a worker process (picklable args)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset  # slow import: only this path needs it
+
+    from data_prep.tokenizer import load_tokenizer
+
+    annotator = make_annotator(spec)
+    to_text = SequenceText(load_tokenizer(tokenizer_dir))
+    ds = IndexedDataset(shard_prefix)
+    writer = SidecarWriter(shard_prefix, spec=spec)
+    for k in range(len(ds)):
+        text, offsets = to_text(ds[k])
+        spans, dropped = align_spans(annotator(text), offsets)
+        writer.stats["misaligned"] += dropped
+        writer.stats["entity"] += int((spans[:, 2] == ENTITY).sum())
+        writer.stats["phrase"] += int((spans[:, 2] == PHRASE).sum())
+        writer.add_document_spans([spans])
+    return writer.finalize()
+
+
+def annotate_corpus(prefix: str | Path, spec: str, progress: bool = True, workers: int = 1) -> list[dict]:
+    """Write the side-car of every shard of a prepared corpus (``PREFIX.manifest.json``); returns their headers.
+
+    Shards are independent: ``workers`` processes take one shard at a time (each loads jieba's dictionary once,
+    ~1 s). The annotator spec is checked here first, so a bad spec fails before any worker starts."""
     from tqdm import tqdm
 
     from data_prep.manifest import manifest_path, read_manifest
-    from data_prep.tokenizer import load_tokenizer
 
     manifest = read_manifest(prefix)
+    make_annotator(spec)
     root = manifest_path(prefix).parent
-    tokenizer = load_tokenizer(manifest["tokenizer"]["path"])
-    annotator = make_annotator(spec)
-    to_text = SequenceText(tokenizer)
-    headers = []
-    total = sum(int(s.get("sentences", 0)) for s in manifest["shards"])
-    bar = tqdm(total=total, unit="seq", disable=not progress, desc="annotate")
-    for shard in manifest["shards"]:
-        shard_prefix = str(root / shard["prefix"])
-        ds = IndexedDataset(shard_prefix)
-        writer = SidecarWriter(shard_prefix, spec=spec)
-        for k in range(len(ds)):
-            text, offsets = to_text(ds[k])
-            spans, dropped = align_spans(annotator(text), offsets)
-            writer.stats["misaligned"] += dropped
-            writer.stats["entity"] += int((spans[:, 2] == ENTITY).sum())
-            writer.stats["phrase"] += int((spans[:, 2] == PHRASE).sum())
-            writer.add_document_spans([spans])
+    tok_dir = str(manifest["tokenizer"]["path"])
+    shards = [str(root / shard["prefix"]) for shard in manifest["shards"]]
+    bar = tqdm(total=len(shards), unit="shard", disable=not progress, desc="annotate")
+    if workers <= 1 or len(shards) == 1:
+        headers = []
+        for shard in shards:
+            headers.append(annotate_shard(shard, spec, tok_dir))
             bar.update(1)
-        headers.append(writer.finalize())
+    else:
+        import multiprocessing as mp
+
+        with mp.get_context("spawn").Pool(min(workers, len(shards))) as pool:
+            jobs = [pool.apply_async(annotate_shard, (shard, spec, tok_dir)) for shard in shards]
+            headers = []
+            for job in jobs:
+                headers.append(job.get())
+                bar.update(1)
     bar.close()
     return headers
 
@@ -521,10 +541,11 @@ def main(argv=None) -> int:
     p.add_argument("prefix", help="PREFIX of PREFIX.manifest.json (written by build_indexed.py)")
     p.add_argument("--annotate", required=True, metavar="SPEC",
                    help="jieba | gazetteer:FILE | gazetteer-lower:FILE | jsonl:FILE")
+    p.add_argument("--workers", type=int, default=1, help="processes, one shard at a time each (default 1)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     try:
-        headers = annotate_corpus(args.prefix, args.annotate, progress=not args.quiet)
+        headers = annotate_corpus(args.prefix, args.annotate, progress=not args.quiet, workers=args.workers)
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     seqs = sum(h["sequences"] for h in headers)
