@@ -535,6 +535,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help=".txt documents longer than this are cut into several")
     ap.add_argument("--tokenizer-threads", type=int, default=0, help="Rust threads per worker; 0 = cores/workers")
     ap.add_argument("--overwrite", action="store_true", help="discard an unfinished run with other settings")
+    ap.add_argument("--annotate", metavar="SPEC", help="then write ERNIE span side-cars beside every shard "
+                    "(data_prep/annotate.py: jieba | gazetteer:FILE | jsonl:FILE)")
     args = ap.parse_args(argv)
     if args.workers < 1:
         ap.error("--workers must be at least 1")
@@ -551,6 +553,14 @@ def main(argv=None) -> int:
 
     t0 = time.time()
     tokenizer = load_tokenizer(args.tokenizer)
+    if args.annotate:  # a bad spec fails now, not after the corpus is tokenized
+        from data_prep.annotate import make_annotator
+
+        try:
+            make_annotator(args.annotate)
+        except (ValueError, OSError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     dir_skips: Counter = Counter()
     say = print if world.rank == 0 else (lambda *a, **k: None)
     try:
@@ -608,6 +618,14 @@ def main(argv=None) -> int:
         return 0
     manifest = _finalize(prefix, workdir, pieces, inputs, settings, tokenizer, args.tokenizer, dir_skips)
     _summary(prefix, manifest, time.time() - t0, sum(n for _, n in statuses))
+    if args.annotate:
+        # After the manifest: side-cars are derived from finished shards (annotate.py writes each atomically, its
+        # .spans.json last), so an interrupted annotation is redone by `python -m data_prep.annotate PREFIX`.
+        from data_prep import annotate
+
+        headers = annotate.annotate_corpus(prefix, args.annotate, progress=True, workers=args.workers)
+        print(f"annotated {len(headers)} shard(s) with {args.annotate}: "
+              f"{sum(h['spans'] for h in headers):,} spans")
     return 0
 
 

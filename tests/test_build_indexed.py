@@ -212,3 +212,17 @@ def test_builtin_pydocs_with_workers(en_tokenizer, tmp_path):
     assert m["totals"]["documents"] == len(docs) > 200  # (which documents: tests/test_sources.py)
     assert m["inputs"] == [{"path": "builtin:pydocs", "bytes": sources.input_bytes("builtin:pydocs")}]
     assert len(m["shards"]) >= 2
+
+
+def test_annotate_writes_a_side_car_per_shard(en_slice, en_tokenizer, tmp_path):
+    gazetteer = tmp_path / "gaz.txt"
+    gazetteer.write_text("computer\nunix\nmicroprocessor\n", encoding="utf-8")
+    prefix = tmp_path / "c"
+    assert build([en_slice], en_tokenizer, prefix, "--chunk-size-mb", "0.3",
+                 "--annotate", f"gazetteer-lower:{gazetteer}") == 0
+    m = mf.read_manifest(prefix)
+    for shard in m["shards"]:
+        header = json.loads((tmp_path / f"{shard['prefix']}.spans.json").read_text())
+        assert header["sequences"] == shard["sentences"]
+    assert sum(json.loads((tmp_path / f"{s['prefix']}.spans.json").read_text())["spans"] for s in m["shards"]) > 10
+    assert build([en_slice], en_tokenizer, tmp_path / "d", "--annotate", "nonsense") == 2
