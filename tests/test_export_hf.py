@@ -198,3 +198,33 @@ def test_sharing_that_hugging_face_cannot_express_is_exported_as_copies(tmp_path
                                    **TOL)
     cfg2, state2 = import_hf(out)
     assert cfg2.sharing == "none" and sum(k.endswith("qkv.weight") for k in state2) == 3
+
+
+@pytest.mark.parametrize("arch,config_kwargs", [
+    ("BertForPreTraining", {}),
+    ("RobertaForMaskedLM", dict(max_position_embeddings=40, type_vocab_size=1, pad_token_id=1)),
+    ("AlbertForPreTraining", dict(embedding_size=16, num_hidden_groups=1)),
+    ("ElectraForPreTraining", dict(embedding_size=16)),
+])
+def test_import_of_a_native_hugging_face_model_gives_its_logits(arch, config_kwargs, tmp_path):
+    # A model that Hugging Face initialised and saved itself (not one of our exports) continues in our encoder.
+    stem = arch.split("For")[0]
+    hf_cfg = getattr(transformers, f"{stem}Config")(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=config_kwargs.pop("max_position_embeddings", 40), hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, **config_kwargs)
+    hf = perturbed(getattr(transformers, arch)(hf_cfg))
+    hf.save_pretrained(tmp_path)
+    cfg, state = import_hf(tmp_path)
+    from trainer.models.hf_convert import heads_from_state_dict
+    model = PretrainingModel(cfg, heads_from_state_dict(state)).eval()
+    model.load_state_dict(state)
+    ids, mask, types = inputs(cfg)
+    with torch.no_grad():
+        ours = model(ids, mask, types)
+        theirs = hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    if arch == "ElectraForPreTraining":
+        torch.testing.assert_close(ours["rtd"].squeeze(-1), theirs.logits, **TOL)
+    else:
+        logits = getattr(theirs, "prediction_logits", None)
+        torch.testing.assert_close(ours[MLM], logits if logits is not None else theirs.logits, **TOL)
