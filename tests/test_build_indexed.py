@@ -124,7 +124,9 @@ def test_restart_after_kill_is_byte_identical(en_slice, en_tokenizer, tmp_path):
     # corrupt one finished shard in the work folder: the restart must notice and redo that piece
     some = sorted(Path(f"{prefix}.work").glob("piece_*-000.bin"))[0]
     some.write_bytes(b"garbage")
-    done = run_cli(*common, "--output-prefix", prefix, "--workers", "2")
+    # finish with Rust threads on (the reference ran with TOKENIZERS_PARALLELISM=false): ids must not depend on it
+    done = run_cli(*common, "--output-prefix", prefix, "--workers", "2", "--tokenizer-threads", "2",
+                   env={"TOKENIZERS_PARALLELISM": "true"})
     assert done.returncode == 0, done.stderr
     assert "pieces already finished and verified" in done.stdout
     assert output_files(prefix) == output_files(ref)
@@ -226,3 +228,20 @@ def test_annotate_writes_a_side_car_per_shard(en_slice, en_tokenizer, tmp_path):
         assert header["sequences"] == shard["sentences"]
     assert sum(json.loads((tmp_path / f"{s['prefix']}.spans.json").read_text())["spans"] for s in m["shards"]) > 10
     assert build([en_slice], en_tokenizer, tmp_path / "d", "--annotate", "nonsense") == 2
+
+
+@pytest.mark.parametrize("env,world", [
+    ({}, (0, 1, 1)),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, (1, 4, 2)),
+    ({"PMI_RANK": "2", "PMI_SIZE": "3"}, (2, 3, 1)),
+    ({"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_TASKS_PER_NODE": "4(x2)"}, (5, 8, 4)),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8"}, (0, 1, 1)),  # a batch script, not an srun step: one process
+])
+def test_world_from_the_launcher_environment(monkeypatch, env, world):
+    for key in ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID",
+                "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    w = build_indexed.detect_world()
+    assert (w.rank, w.size, w.local_size) == world
