@@ -8,7 +8,6 @@ fixtures and every test combines the checks one launch allows.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -200,6 +199,20 @@ def test_kill9_one_rank_then_resume_is_bit_identical(tmp):
     for step in ref:
         assert got[step] == ref[step], (step, got[step], ref[step])  # bit-identical, not approximately
     assert samples_per_step(tmp / "kill") == samples_per_step(ref_dir)
+
+
+def test_lamb_resume_is_bit_identical(tmp):
+    """Our LAMB under ZeRO-2 (per-parameter trust ratios over partitions), dropout on: 8 steps in one run, against
+    steps 5-8 of a second run resumed from the first one's step-4 checkpoint."""
+    over = {"model": {"dropout": 0.1}, "optim": {"name": "lamb", "lr": 1e-2}, "checkpoint": {"keep_last": 4}}
+    run(make_config(tmp, "lamb", **over), 2)
+    resumed = run(make_config(tmp, "lamb_resumed", **over), 2, "--resume",
+                  str(tmp / "lamb" / "checkpoints" / "global_step4"))
+    assert "resumed from" in resumed.stdout
+    ref, got = losses(tmp / "lamb"), losses(tmp / "lamb_resumed")
+    assert sorted(got) == [5, 6, 7, 8]
+    for step in got:
+        assert got[step] == ref[step], (step, got[step], ref[step])
 
 
 def test_world_size_2_to_1_to_2_keeps_sample_order(tmp, zero_runs):

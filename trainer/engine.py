@@ -39,6 +39,17 @@ def init_distributed(timeout_minutes: float) -> tuple[int, int]:
     others fail after it (gloo usually notices a closed socket at once) instead of hanging the job.
     """
     launched = any(k in os.environ for k in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"))
+    if not launched and "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
+        # `srun python trainer/pretrain.py` (one task per rank, no torchrun): ranks from the srun step (the batch
+        # script itself has no SLURM_STEP_NUM_TASKS, so a single process there stays a 1-rank run), the rendezvous
+        # from MASTER_ADDR, which the job script sets to the first node's NodeAddr.
+        if "MASTER_ADDR" not in os.environ:
+            raise RuntimeError("srun without a launcher: set MASTER_ADDR to the first node's address (scontrol show "
+                               "node $(scontrol show hostnames | head -1) | grep NodeAddr)")
+        os.environ.update(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=os.environ["SLURM_STEP_NUM_TASKS"],
+                          LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"))
+        os.environ.setdefault("MASTER_PORT", str(29500 + int(os.environ.get("SLURM_JOB_ID", "0")) % 1000))
+        launched = True
     if not launched:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))

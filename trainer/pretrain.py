@@ -46,8 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def launcher_world_size() -> int:
-    """Ranks the launcher started (torchrun/deepspeed: WORLD_SIZE; mpirun: OMPI_COMM_WORLD_SIZE; PMI), else 1."""
-    for key in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+    """Ranks the launcher started (torchrun/deepspeed: WORLD_SIZE; mpirun: OMPI_COMM_WORLD_SIZE; PMI; srun without a
+    launcher: SLURM_STEP_NUM_TASKS), else 1."""
+    for key in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"):
         if key in os.environ:
             return int(os.environ[key])
     return 1
@@ -61,9 +62,15 @@ def build_components(cfg, rank: int, world_size: int, device: str) -> Components
     from trainer.objectives import get_objective
 
     objective = get_objective(cfg.objective)
-    model = objective.build_model(cfg.model)
+    if hasattr(objective, "build_components"):  # objectives with their own samples (ERNIE), DESIGN.md "Objectives"
+        return objective.build_components(cfg, rank, world_size, device)
     manifest = read_manifest(cfg.data.corpora[0].prefix)
     tokenizer = load_tokenizer(manifest["tokenizer"]["path"])
+    if tokenizer.vocab_size > cfg.model.vocab_size:
+        raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the vocabulary of the corpus's "
+                         f"tokenizer ({tokenizer.vocab_size}, {manifest['tokenizer']['path']}); set "
+                         "model.vocab_size: auto or at least that")
+    model = objective.build_model(cfg.model)
     total = cfg.train.steps * cfg.train.global_batch_size
 
     def train_batches(consumed_samples: int):

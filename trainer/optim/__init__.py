@@ -15,6 +15,8 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainer.optim.param_groups import param_groups  # noqa: F401  (re-exported: biases/norms get no decay)
+
 
 class OptimConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -56,26 +58,6 @@ class NonFiniteGuard:
 
 class GuardedAdamW(NonFiniteGuard, torch.optim.AdamW):
     pass
-
-
-def _is_no_decay(name: str, param: torch.nn.Parameter) -> bool:
-    # Biases and LayerNorm weights (1-D tensors) get no weight decay, as in BERT's reference optimizer.
-    lname = name.lower()
-    return param.ndim < 2 or "layernorm" in lname or "layer_norm" in lname or lname.endswith(".bias")
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float, mark_trust_ratio: bool = False) -> list[dict]:
-    """Two groups: decayed matrices and non-decayed biases / LayerNorm weights (shared parameters listed once)."""
-    decay, no_decay, seen = [], [], set()
-    for name, param in model.named_parameters():
-        if not param.requires_grad or id(param) in seen:
-            continue
-        seen.add(id(param))
-        (no_decay if _is_no_decay(name, param) else decay).append(param)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if mark_trust_ratio:
-        groups[1]["exclude_from_trust_ratio"] = True
-    return [g for g in groups if g["params"]]
 
 
 def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str = "cpu") -> torch.optim.Optimizer:
