@@ -73,7 +73,7 @@ class EpochOrder:
                     tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
                     np.save(tmp, self._build(epoch))
                     os.replace(tmp, path)
-        return np.load(path, mmap_mode="r")
+        return np.load(path, mmap_mode="r").view(np.ndarray)  # see sample_index.load_or_build
 
     def __getstate__(self):
         state = dict(self.__dict__)

@@ -1,0 +1,243 @@
+"""Objectives: the registry and config checks, loss/label semantics (ELECTRA sampling), and tiny models that learn."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from test_samples import (data_config, en_tokenizer, encode_docs, read_documents,  # noqa: F401 (fixtures)
+                          write_shards)
+from trainer.data.dataset import PretrainingDataset
+from trainer.data.loader import Collator
+from trainer.models import get_preset
+from trainer.objectives import ObjectiveConfig, check_data_requirements, get_objective
+from trainer.objectives.electra import ElectraObjective, gumbel_sample
+
+
+@pytest.fixture(scope="module")
+def split_corpus(en_corpus, en_tokenizer, tmp_path_factory):
+    """Train and held-out corpora from disjoint documents of the English corpus."""
+    docs = encode_docs(en_tokenizer, read_documents(en_corpus))
+    root = tmp_path_factory.mktemp("split")
+    return (write_shards(docs[:-1500], root / "train", en_tokenizer.vocab_size),
+            write_shards(docs[-1500:], root / "valid", en_tokenizer.vocab_size))
+
+
+def _batches(prefix, tok, fmt, seq, batch, n, start=0, seed=0, **masking):
+    cfg = data_config(prefix, format=fmt, max_seq_length=seq, masking={"max_predictions_per_seq": 20, **masking})
+    ds = PretrainingDataset(cfg, tok, seed=seed)
+    collate = Collator(tok.pad_id, seq, 20)
+    return [collate([ds[start + i * batch + j] for j in range(batch)]) for i in range(n)]
+
+
+def _model_cfg(preset, tok):
+    return get_preset(preset, vocab_size=tok.vocab_size, dropout=0.0, attention_dropout=0.0)
+
+
+def test_registry_and_config_errors():
+    for name in ("mlm", "mlm+nsp", "mlm+sop", "electra"):
+        assert get_objective({"name": name}).name == name
+    with pytest.raises(ValueError, match="not registered.*mlm\\+sop"):
+        ObjectiveConfig(name="sop")
+    with pytest.raises(ValueError, match="objective.options.lamda"):
+        ObjectiveConfig(name="electra", options={"lamda": 50})
+    with pytest.raises(ValueError, match="mlm\\+sop.*sop-pair.*full-sentences"):
+        check_data_requirements(ObjectiveConfig(name="mlm+sop"), data_config("x", format="full-sentences"))
+    check_data_requirements(ObjectiveConfig(name="mlm+nsp"), data_config("x", format="sentence-pair"))
+
+
+@pytest.mark.parametrize("name,fmt,preset", [("mlm", "full-sentences", "tiny-roberta"),
+                                             ("mlm+nsp", "segment-pair", "tiny"),
+                                             ("mlm+sop", "sop-pair", "tiny-albert")])
+def test_losses_match_a_direct_computation(name, fmt, preset, split_corpus, en_tokenizer):
+    torch.manual_seed(0)
+    batch = _batches(split_corpus[1], en_tokenizer, fmt, 64, 8, 1)[0]
+    objective = get_objective({"name": name})
+    model = objective.build_model(_model_cfg(preset, en_tokenizer))
+    loss, metrics = objective.loss(model, batch)
+    loss.backward()
+    # reference: full-vocabulary logits at every position, cross-entropy where labels are set
+    with torch.no_grad():
+        hidden = model.encoder(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        logits = model.heads["mlm"](hidden)  # [B, T, V]
+        B, T = batch["input_ids"].shape
+        labels = torch.full((B, T), -100)
+        rows = torch.arange(B)[:, None].expand_as(batch["mlm_positions"])
+        keep = batch["mlm_labels"] != -100
+        labels[rows[keep], batch["mlm_positions"][keep]] = batch["mlm_labels"][keep]
+        ref = torch.nn.functional.cross_entropy(logits.reshape(B * T, -1), labels.reshape(-1))
+        if name != "mlm":
+            head = "nsp" if name == "mlm+nsp" else "sop"
+            ref = ref + torch.nn.functional.cross_entropy(model.heads[head](hidden), batch["sentence_label"])
+    assert torch.allclose(loss.detach(), ref, atol=1e-5)
+    assert abs(metrics["mlm_loss"].item() - math.log(en_tokenizer.vocab_size)) < 1.5  # untrained: ~uniform
+    assert all(p.grad is not None for p in model.heads.parameters())
+
+
+def test_packed_batches_are_refused(en_tokenizer):
+    batch = {"input_ids": torch.zeros(1, 4, dtype=torch.long), "attention_mask": torch.ones(1, 4, dtype=torch.long),
+             "pack_ids": torch.ones(1, 4, dtype=torch.long), "mlm_positions": torch.zeros(1, 1, dtype=torch.long),
+             "mlm_labels": torch.full((1, 1), -100)}
+    objective = get_objective({"name": "mlm"})
+    with pytest.raises(ValueError, match="pack_doc_sentences"):
+        objective.loss(objective.build_model(_model_cfg("tiny", en_tokenizer)), batch)
+
+
+def test_gumbel_sampling_follows_the_softmax():
+    torch.manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).expand(40000, 4)
+    counts = torch.bincount(gumbel_sample(logits), minlength=4).double() / 40000
+    p = torch.softmax(logits[0].double(), 0)
+    assert torch.all((counts - p).abs() < 4 * torch.sqrt(p * (1 - p) / 40000))
+
+
+class _OracleElectra(torch.nn.Module):
+    """A generator that always predicts the original token (so every sample equals it) and a zero discriminator."""
+
+    def __init__(self, labels):
+        super().__init__()
+        self.labels, self.w = labels, torch.nn.Parameter(torch.zeros(()))
+        self.seen = None
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, positions=None, part="discriminator"):
+        if part == "generator":
+            logits = torch.full((len(positions), 50), -1e4)
+            logits[torch.arange(len(positions)), self.labels] = 1e4
+            return logits + self.w
+        self.seen = input_ids
+        return torch.zeros(input_ids.shape) + self.w
+
+
+def test_electra_labels_samples_equal_to_the_original_as_original():
+    ids = torch.tensor([[2, 4, 4, 9, 3, 0]])
+    batch = {"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 0]]),
+             "token_type_ids": torch.zeros_like(ids), "mlm_positions": torch.tensor([[1, 2]]),
+             "mlm_labels": torch.tensor([[7, 8]])}
+    model = _OracleElectra(torch.tensor([7, 8]))
+    loss, metrics = ElectraObjective({"rtd_weight": 50}).loss(model, batch)
+    assert model.seen.tolist() == [[2, 7, 8, 9, 3, 0]]  # the discriminator sees the original sequence
+    assert metrics["replaced_frac"].item() == 0.0
+    assert metrics["rtd_acc"].item() == 1.0  # logit 0 = "original" for every real token
+    # discriminator loss is BCE(0, label 0) = log 2 on each of the 5 real tokens
+    assert loss.item() == pytest.approx(50 * math.log(2), rel=1e-5)
+
+
+def test_electra_sampling_passes_no_gradient_to_the_generator(split_corpus, en_tokenizer):
+    torch.manual_seed(0)
+    batch = _batches(split_corpus[1], en_tokenizer, "full-sentences", 64, 4, 1)[0]
+    objective = ElectraObjective({"sharing": "none", "rtd_weight": 50})
+    model = objective.build_model(_model_cfg("tiny-electra", en_tokenizer))
+    loss, metrics = objective.loss(model, batch)
+    # The generator's gradient from the total loss equals its gradient from its own MLM loss alone: the
+    # 50 x RTD term reaches it through no path (sampling is detached).
+    gen_params = list(model.generator.parameters())
+    grads = torch.autograd.grad(loss, gen_params, allow_unused=True)
+    gen_loss_grads = torch.autograd.grad(_gen_loss(model, batch), gen_params, allow_unused=True)
+    for g, h in zip(grads, gen_loss_grads):
+        assert (g is None and h is None) or torch.allclose(g, h, atol=1e-6)
+    assert metrics["rtd_loss"].item() > 0 and 0.0 < metrics["replaced_frac"].item() < 0.2
+
+
+def _gen_loss(model, batch):
+    from trainer.objectives.base import masked_positions, mlm_loss
+
+    positions, labels = masked_positions(batch)
+    logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                   token_type_ids=batch["token_type_ids"], positions=positions, part="generator")
+    return mlm_loss(logits, labels)[0]
+
+
+@pytest.mark.parametrize("variant", ["electra-15", "replace-mlm", "all-tokens-mlm"])
+def test_electra_ablations_run_and_backpropagate(variant, split_corpus, en_tokenizer):
+    torch.manual_seed(0)
+    batch = _batches(split_corpus[1], en_tokenizer, "full-sentences", 32, 4, 1)[0]
+    objective = ElectraObjective({"variant": variant})
+    model = objective.build_model(_model_cfg("tiny-electra", en_tokenizer))
+    loss, metrics = objective.loss(model, batch)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert model.discriminator.encoder.embeddings.word.weight.grad is not None
+    key = "rtd_acc" if variant == "electra-15" else "mlm_acc"
+    assert key in metrics
+
+
+def _train(objective, model, train, valid, steps, lr):
+    """A plain torch loop (the DeepSpeed trainer is tested elsewhere); one thread: the CI machine is shared and
+    two threads fighting other jobs' processes cost far more than they gain on a model this small."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train_loop(objective, model, train, valid, steps, lr)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_loop(objective, model, train, valid, steps, lr, warmup=30):
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+
+    def evaluate():
+        model.eval()
+        with torch.no_grad():
+            rows = [objective.loss(model, b)[1] for b in valid]
+        model.train()
+        return {k: float(np.mean([r[k].item() for r in rows])) for k in rows[0]}
+
+    before = evaluate()
+    for step in range(steps):
+        loss, _ = objective.loss(model, train[step % len(train)])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    return before, evaluate()
+
+
+@pytest.fixture(scope="module")
+def small_vocab(en_corpus, tmp_path_factory):
+    """A 400-token WordPiece tokenizer and train/held-out corpora for the training tests: with a small vocabulary a
+    tiny model leaves the unigram stage within a few hundred steps (and the vocabulary projection is 5x cheaper)."""
+    from test_samples import train_wordpiece
+
+    root = tmp_path_factory.mktemp("small")
+    tok = train_wordpiece(en_corpus, root / "tok", vocab_size=400)
+    docs = encode_docs(tok, read_documents(en_corpus))
+    return tok, write_shards(docs[:-1500], root / "train", 400), write_shards(docs[-1500:], root / "valid", 400)
+
+
+STEPS, BATCH = 300, 16
+
+
+@pytest.mark.slow
+def test_tiny_electra_learns(small_vocab):
+    tok, train_prefix, valid_prefix = small_vocab
+    torch.manual_seed(0)
+    train = _batches(train_prefix, tok, "full-sentences", 64, BATCH, STEPS)
+    valid = _batches(valid_prefix, tok, "full-sentences", 64, 32, 4, seed=1)
+    objective = ElectraObjective({"rtd_weight": 50, "generator_fraction": 0.5})
+    model = objective.build_model(_model_cfg("tiny-electra", tok))
+    before, after = _train(objective, model, train, valid, STEPS, 3e-3)
+    # measured: generator MLM loss 6.0 -> 5.3, accuracy 0.002 -> 0.045; RTD loss 0.69 -> 0.40, accuracy 0.57 -> 0.86
+    assert after["gen_mlm_loss"] < before["gen_mlm_loss"] - 0.4, (before, after)
+    assert after["gen_mlm_acc"] > before["gen_mlm_acc"] + 0.02, (before, after)
+    assert after["rtd_loss"] < 0.75 * before["rtd_loss"], (before, after)
+    assert after["rtd_acc"] > before["rtd_acc"] + 0.1, (before, after)
+
+
+@pytest.mark.slow
+def test_tiny_albert_with_sop_and_ngram_masking_learns(small_vocab):
+    tok, train_prefix, valid_prefix = small_vocab
+    torch.manual_seed(0)
+    train = _batches(train_prefix, tok, "sop-pair", 64, BATCH, STEPS, strategy="ngram")
+    valid = _batches(valid_prefix, tok, "sop-pair", 64, 32, 8, seed=1, strategy="ngram")
+    objective = get_objective({"name": "mlm+sop"})
+    model = objective.build_model(_model_cfg("tiny-albert", tok))
+    before, after = _train(objective, model, train, valid, STEPS, 3e-3)
+    # measured: MLM loss 6.0 -> 5.3, accuracy 0.002 -> 0.055. SOP stays at chance at this size and budget (also
+    # after 1,200 steps); the SOP head's loss is finite and trained, checked in test_losses_match_a_direct_computation.
+    assert after["mlm_loss"] < before["mlm_loss"] - 0.4, (before, after)
+    assert after["mlm_acc"] > before["mlm_acc"] + 0.02, (before, after)
+    assert math.isfinite(after["sop_loss"]) and after["sop_loss"] < 0.8

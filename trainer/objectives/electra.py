@@ -1,0 +1,131 @@
+"""``electra``: a small generator trained by MLM, and the discriminator by replaced-token detection (RTD).
+
+One step (Clark et al. 2020, section 2):
+
+1. the generator predicts the masked positions of the masked batch -> MLM loss;
+2. replacements are *sampled* from its softmax with the Gumbel-max trick on detached logits, so no gradient flows
+   through the sampling (the paper's choice: the discriminator loss does not train the generator);
+3. the discriminator sees the original sequence with the masked positions replaced by the samples and labels every
+   real token "replaced" (1) or "original" (0); a sample equal to the original token is labelled original;
+4. loss = MLM + ``rtd_weight`` * RTD (λ = 50), RTD averaged over all real tokens ([CLS]/[SEP] included, as the
+   official code weights by the input mask).
+
+Variants (the paper's Table 5 ablations): ``electra-15`` computes RTD only at the masked ~15 %;
+``replace-mlm`` trains the main model by MLM at the masked positions of the generator-corrupted input (no [MASK]
+token at all); ``all-tokens-mlm`` predicts every token of that input, with the paper's copy mechanism
+p(x_t) = D_t · 1[x_t = input_t] + (1 - D_t) · p_MLM(x_t), D_t = sigmoid of a per-token head. The ablations add an
+MLM head to the discriminator (``ElectraAblationModel``); the plain variant uses ``ElectraPretrainingModel``
+unchanged, whose discriminator is what export_hf writes.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainer.models import MLM, RTD, ElectraPretrainingModel, HeadSpec, ModelConfig
+from trainer.models.heads import build_head
+
+from .base import Objective, binary_metrics, masked_positions, mlm_loss, refuse_packed
+
+
+class ElectraOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rtd_weight: float = Field(50.0, ge=0.0)
+    """λ: weight of the discriminator loss (paper: 50)"""
+    generator_fraction: float | None = Field(None, gt=0.0, le=1.0)
+    """generator hidden size / discriminator's; None = model.generator_fraction (paper: 1/4 small and large, 1/3
+    base)"""
+    sharing: Literal["none", "embeddings", "all"] = "embeddings"
+    """weights tied between generator and discriminator (paper: embeddings; all needs fraction 1)"""
+    variant: Literal["electra", "electra-15", "replace-mlm", "all-tokens-mlm"] = "electra"
+    temperature: float = Field(1.0, gt=0.0)
+    """sampling temperature of the generator's softmax (paper: 1)"""
+
+
+class ElectraAblationModel(ElectraPretrainingModel):
+    """ELECTRA with an MLM head (and RTD head as the copy gate) on the discriminator, for the MLM ablations."""
+
+    def __init__(self, cfg: ModelConfig, generator_fraction=None, sharing="embeddings"):
+        super().__init__(cfg, generator_fraction, sharing)
+        disc = self.discriminator
+        disc.heads[MLM] = build_head(cfg, HeadSpec("mlm"), disc.encoder)
+        disc.head_specs[MLM] = HeadSpec("mlm")
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, positions=None, part="discriminator"):
+        if part == "discriminator_heads":
+            return self.discriminator(input_ids, attention_mask, token_type_ids, None, positions)
+        return super().forward(input_ids, attention_mask, token_type_ids, positions, part)
+
+
+def gumbel_sample(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """One draw per row from softmax(logits / T): argmax of logits/T plus Gumbel noise (no gradient)."""
+    logits = logits.detach().float() / temperature
+    u = torch.rand_like(logits).clamp_(1e-9, 1.0 - 1e-9)
+    return (logits - torch.log(-torch.log(u))).argmax(-1)
+
+
+class ElectraObjective(Objective):
+    name = "electra"
+    Options = ElectraOptions
+
+    def heads(self, model_cfg: ModelConfig) -> dict[str, HeadSpec]:
+        return {"generator." + MLM: HeadSpec("mlm"), "discriminator." + RTD: HeadSpec("token", 1)}
+
+    def build_model(self, model_cfg: ModelConfig) -> torch.nn.Module:
+        o = self.options
+        cls = ElectraPretrainingModel if o.variant in ("electra", "electra-15") else ElectraAblationModel
+        return cls(model_cfg, o.generator_fraction, o.sharing)
+
+    def loss(self, model, batch: dict):
+        refuse_packed(batch)
+        o = self.options
+        ids, mask, types = batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids")
+        B, T = ids.shape
+        positions, labels = masked_positions(batch)
+
+        gen_logits = model(ids, attention_mask=mask, token_type_ids=types, positions=positions, part="generator")
+        gen_loss, gen_acc = mlm_loss(gen_logits, labels)
+        sampled = gumbel_sample(gen_logits, o.temperature)
+
+        original = ids.reshape(-1).clone()
+        original[positions] = labels
+        corrupted = original.clone()
+        corrupted[positions] = sampled
+        replaced = (corrupted != original).reshape(B, T)  # a sample equal to the original is "original"
+        corrupted, original = corrupted.reshape(B, T), original.reshape(B, T)
+        metrics = {"gen_mlm_loss": gen_loss.detach(), "gen_mlm_acc": gen_acc,
+                   "replaced_frac": replaced.float().sum().detach() / mask.sum().clamp(min=1)}
+
+        if o.variant in ("electra", "electra-15"):
+            disc_logits = model(corrupted, attention_mask=mask, token_type_ids=types, part="discriminator")
+            weight = mask.float()
+            if o.variant == "electra-15":
+                weight = torch.zeros_like(weight).reshape(-1).index_fill_(0, positions, 1.0).reshape(B, T) * weight
+            per_token = F.binary_cross_entropy_with_logits(disc_logits.float(), replaced.float(), reduction="none")
+            rtd_loss = (per_token * weight).sum() / weight.sum().clamp(min=1)
+            metrics.update(rtd_loss=rtd_loss.detach(), **binary_metrics(disc_logits, replaced, weight, "rtd"))
+            return gen_loss + o.rtd_weight * rtd_loss, metrics
+
+        if o.variant == "replace-mlm":
+            out = model(corrupted, attention_mask=mask, token_type_ids=types, positions=positions,
+                        part="discriminator_heads")
+            main_loss, main_acc = mlm_loss(out[MLM], labels)
+        else:  # all-tokens-mlm with the copy mechanism
+            real = mask.reshape(-1).nonzero().squeeze(1)
+            out = model(corrupted, attention_mask=mask, token_type_ids=types, positions=real,
+                        part="discriminator_heads")
+            target = original.reshape(-1)[real]
+            log_p_mlm = F.log_softmax(out[MLM].float(), -1).gather(1, target[:, None]).squeeze(1)
+            copy_logit = out[RTD].float().reshape(-1)[real]
+            same = (corrupted.reshape(-1)[real] == target).float()
+            # log(D * same + (1 - D) * p_mlm), in log space for stability
+            log_copy = F.logsigmoid(copy_logit) + torch.log(same.clamp(min=1e-30))
+            log_gen = F.logsigmoid(-copy_logit) + log_p_mlm
+            main_loss = -torch.logaddexp(log_copy, log_gen).mean()
+            main_acc = (out[MLM].argmax(-1) == target).float().mean().detach()
+        metrics.update(mlm_loss=main_loss.detach(), mlm_acc=main_acc)
+        return gen_loss + main_loss, metrics

@@ -1,0 +1,19 @@
+"""``mlm``: masked language modelling alone (RoBERTa; BERT without NSP). Any sample format."""
+from __future__ import annotations
+
+from trainer.models import MLM, HeadSpec, ModelConfig
+
+from .base import Objective, masked_positions, mlm_loss
+
+
+class MlmObjective(Objective):
+    name = "mlm"
+
+    def heads(self, model_cfg: ModelConfig) -> dict[str, HeadSpec]:
+        return {MLM: HeadSpec("mlm")}
+
+    def loss(self, model, batch: dict):
+        positions, labels = masked_positions(batch)
+        out = self.forward_heads(model, batch, positions)
+        loss, acc = mlm_loss(out[MLM], labels)
+        return loss, {"mlm_loss": loss.detach(), "mlm_acc": acc}
