@@ -392,7 +392,8 @@ def _finalize(prefix: str, workdir: Path, pieces: list[Piece], inputs: list[str]
     input_info = [{"path": p, "bytes": sources.input_bytes(p)} for p in inputs]
     manifest = {
         "format": mf.FORMAT, "version": mf.VERSION, "tool_version": __version__,
-        "tokenizer": {"path": tokenizer_arg, "fingerprint": tokenizer.fingerprint, "kind": tokenizer.kind,
+        # absolute: the trainer, export and annotate load it from here, whatever their working directory
+        "tokenizer": {"path": os.path.abspath(tokenizer_arg), "fingerprint": tokenizer.fingerprint, "kind": tokenizer.kind,
                       "vocab_size": tokenizer.vocab_size},
         "dtype": settings.dtype, "shards": shards,
         "totals": mf.totals_of(shards, sum(i["bytes"] for i in input_info)),

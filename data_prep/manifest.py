@@ -34,6 +34,7 @@ class _Strict(BaseModel):
 
 class TokenizerInfo(_Strict):
     path: str
+    """Absolute path of the tokenizer folder (the trainer loads it from here)."""
     fingerprint: str
     kind: str
     vocab_size: int
