@@ -136,41 +136,61 @@ def test_state_dict_round_trip_is_bit_identical():
 
 
 def _flat_problem(seed=0):
-    """Uneven parameters flattened into one tensor (what ZeRO hands an optimizer), with their element -> slot map."""
+    """Uneven parameters flattened into one tensor (what ZeRO hands an optimizer) with alignment padding after the
+    second one and at the end, and their (start, length, slot) pieces."""
     gen = torch.Generator().manual_seed(seed)
     shapes = [(7, 5), (13,), (3, 11), (2,)]
     params = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
     grads = [[torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes] for _ in range(6)]
-    slot = torch.cat([torch.full((p.numel(),), i, dtype=torch.int32) for i, p in enumerate(params)])
-    slot = torch.cat([slot, torch.full((3,), len(params), dtype=torch.int32)])  # alignment padding
-    return params, grads, slot
+    pad = {1: 3, 3: 4}  # padding after parameter i
+    pieces, start = [], 0
+    for i, p in enumerate(params):
+        pieces.append((start, p.numel(), i))
+        start += p.numel() + pad.get(i, 0)
+    return params, grads, pieces, pad
+
+
+def _flatten(tensors, pad):
+    parts = []
+    for i, t in enumerate(tensors):
+        parts += [t.reshape(-1), torch.zeros(pad.get(i, 0), dtype=t.dtype)]
+    return torch.cat(parts)
 
 
 def test_partition_layout_gives_per_parameter_ratios_on_a_flat_tensor():
-    params, grads, slot = _flat_problem()
+    params, grads, pieces, pad = _flat_problem()
     ref = {str(i): p.clone() for i, p in enumerate(params)}
     state = {}
-    flat = torch.nn.Parameter(torch.cat([p.reshape(-1) for p in params] + [torch.zeros(3, dtype=torch.float64)]))
+    flat = torch.nn.Parameter(_flatten(params, pad))
     bound = Lamb([flat], lr=0.05, weight_decay=0.1)
     bound.partition_layout = PartitionLayout(num_slots=len(params), slot_names=list(ref))
-    bound.partition_layout.add(flat, slot)
+    bound.partition_layout.add(flat, list(reversed(pieces)))  # any order
+    assert bound.partition_layout.segments_of(flat).lengths == [35, 13, 3, 33, 2, 4]
     naive_flat = torch.nn.Parameter(flat.detach().clone())
     naive = Lamb([naive_flat], lr=0.05, weight_decay=0.1)
     for step_grads in grads:
-        g = torch.cat([x.reshape(-1) for x in step_grads] + [torch.zeros(3, dtype=torch.float64)])
+        g = _flatten(step_grads, pad)
         flat.grad, naive_flat.grad = g.clone(), g.clone()
         bound.step()
         naive.step()
         reference_lamb(ref, {str(i): x for i, x in enumerate(step_grads)}, state, lr=0.05, weight_decay=0.1)
-    expected = torch.cat([ref[str(i)].reshape(-1) for i in range(len(params))] + [torch.zeros(3, dtype=torch.float64)])
+    expected = _flatten([ref[str(i)] for i in range(len(params))], pad)
     torch.testing.assert_close(flat.detach(), expected, rtol=0, atol=1e-12)
     assert (naive_flat.detach() - expected).abs().max() > 1e-3  # one ratio for the whole flat tensor is wrong
     assert bound.last_trust_ratios.shape == (len(params),)
 
 
+def test_overlapping_or_oversized_pieces_are_refused():
+    flat = torch.zeros(10)
+    layout = PartitionLayout(num_slots=2, slot_names=["a", "b"])
+    with pytest.raises(ValueError, match="overlaps"):
+        layout.add(flat, [(0, 6, 0), (5, 3, 1)])
+    with pytest.raises(ValueError, match="flat tensor has 10"):
+        layout.add(flat, [(0, 6, 0), (6, 5, 1)])
+
+
 def test_unknown_flat_tensor_is_refused_with_a_clear_message():
-    params, grads, slot = _flat_problem()
-    flat = torch.nn.Parameter(torch.zeros(slot.numel(), dtype=torch.float64))
+    flat = torch.nn.Parameter(torch.zeros(8, dtype=torch.float64))
     opt = Lamb([flat], lr=0.1)
     opt.partition_layout = PartitionLayout(num_slots=4, slot_names=list("abcd"))
     flat.grad = torch.ones_like(flat)

@@ -104,13 +104,12 @@ def _check_world(runs, reference, world):
 @pytest.mark.slow
 def test_real_tiny_albert_on_two_ranks_matches_reference(tmp_path):
     """The project's encoder (tiny-albert: shared layers, factorized and tied embeddings) at ZeRO 2 and 3."""
-    results = _launch(2, tmp_path / "albert.pt", "--model", "tiny-albert", "--stages", "2,3", "--naive", "2")
+    results = _launch(2, tmp_path / "albert.pt", "--model", "tiny-albert", "--stages", "2,3")
     reference = _reference("tiny-albert")
     for stage in (2, 3):
         diff = _max_diff(results[f"zero{stage}"]["params"], reference)
         assert diff < ATOL, f"tiny-albert ZeRO-{stage} on 2 ranks: max |ours - reference| = {diff:.2e}"
     assert results["zero2"]["cut_on_rank0"] > 0
-    assert _max_diff(results["naive2"]["params"], reference) > 100 * ATOL
 
 
 def test_lamb_zero_stages_on_one_rank_match_reference(runs, reference):

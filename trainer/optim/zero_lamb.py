@@ -62,15 +62,14 @@ def _fragment_layout(wrapper, lp_groups, hp_flats, lamb: Lamb, names: dict[int, 
     for i, (group, flat) in enumerate(zip(lp_groups, hp_flats)):
         first_slot, slot = slot, slot + len(group)
         if lamb.param_groups[i]["exclude_from_trust_ratio"]:
-            continue  # ratio 1: no norms needed, no index memory spent
-        index = torch.full((flat.numel(),), layout.num_slots, dtype=torch.int32)
+            continue  # ratio 1: no norms needed
+        pieces = []
         for j, p in enumerate(group):
             mapping = getattr(p, "_hp_mapping", None)
-            if mapping is None:
-                continue  # no piece of this parameter on this rank
-            address = mapping.get_hp_fragment_address()
-            index[address.start:address.start + address.numel] = first_slot + j
-        layout.add(flat, index)
+            if mapping is not None:  # None: no piece of this parameter on this rank
+                address = mapping.get_hp_fragment_address()
+                pieces.append((address.start, address.numel, first_slot + j))
+        layout.add(flat, pieces)
     return layout
 
 
@@ -89,17 +88,16 @@ def _stage3_layout(wrapper, lamb: Lamb, names: dict[int, str]) -> PartitionLayou
             continue
         if flat.numel() == 0:
             raise NotImplementedError("Lamb under ZeRO-3: optimizer state swapped to NVMe is not supported")
-        index = torch.full((flat.numel(),), layout.num_slots, dtype=torch.int32)
-        offset = 0
+        pieces, offset = [], 0
         for j, p in enumerate(params):
             piece = p.partition_numel()
             valid = max(0, min(piece, p.ds_numel - rank * piece))  # the last ranks hold padding
-            index[offset:offset + valid] = first_slot + j
+            pieces.append((offset, valid, first_slot + j))
             offset += piece
         if offset != flat.numel():
             raise RuntimeError(f"Lamb under ZeRO-3: sub-group {k} pieces add up to {offset} elements but its fp32 "
                                f"partition has {flat.numel()} (DeepSpeed's internals changed?)")
-        layout.add(flat, index)
+        layout.add(flat, pieces)
     return layout
 
 
