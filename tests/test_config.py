@@ -163,7 +163,15 @@ def test_scheduler_state_round_trips():
     opt2 = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched2 = build_scheduler(ScheduleConfig(warmup_steps=3), opt2, total_steps=10)
     sched2.load_state_dict(state)
+    sched2.sync_lr()
     assert sched2.get_last_lr() == sched.get_last_lr() == [pytest.approx(1e-3 * (1 - 2 / 7))]
+    assert opt2.param_groups[0]["lr"] == sched.get_last_lr()[0]
+    # a resumed run with more steps stretches the decay instead of restoring the old curve
+    opt3 = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched3 = build_scheduler(ScheduleConfig(warmup_steps=3), opt3, total_steps=31)
+    sched3.load_state_dict(state)
+    sched3.sync_lr()
+    assert sched3.last_epoch == 5 and opt3.param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 2 / 28))
 
 
 # --- optimizer -----------------------------------------------------------------------------------------------------

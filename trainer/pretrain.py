@@ -131,6 +131,7 @@ def run(args, cfg, components_factory: Callable) -> int:
     state = checkpoint.TrainState()
     if resume_dir is not None:
         engine.load(load_root, load_tag)
+        scheduler.sync_lr()
         saved = checkpoint.read_state(resume_dir)
         state = checkpoint.TrainState(step=saved["step"], consumed_samples=saved["consumed_samples"],
                                       skipped_steps=saved.get("skipped_steps", 0))
