@@ -72,6 +72,11 @@ def test_static_masking_repeats_across_epochs_and_dynamic_does_not(en_prepared, 
     assert dupe[0] == dupe[2] and dupe[1] == dupe[3] and dupe[0] != dupe[1]
 
 
+def test_batched_fetch_equals_one_by_one(dataset):
+    positions = [5, 900, 3, len(dataset) + 2]
+    assert [_digest(s) for s in dataset.__getitems__(positions)] == [_digest(dataset[p]) for p in positions]
+
+
 def test_epoch_order_is_a_permutation_per_epoch(tmp_path):
     order = EpochOrder(1000, seed=4, cache_dir=tmp_path, key="k")
     seen = [order(g) for g in range(3000)]

@@ -7,7 +7,7 @@ import pytest
 from test_samples import en_prepared, en_tokenizer  # noqa: F401 (session fixtures)
 from trainer.data.config import MaskingConfig
 from trainer.data.corpus import IndexedCorpus
-from trainer.data.masking import Masker, tile_distribution
+from trainer.data.masking import Masker, tile_distribution, tile_starts
 
 
 def _sequences(prefix, n, length, seed=0):
@@ -31,6 +31,22 @@ def _run(tok, cfg, rows, seed=0):
 
 def _se(p, n):
     return np.sqrt(p * (1 - p) / n)
+
+
+def _tile_sizes(masker, samples, units, seed):
+    """Tile sizes of `samples` samples of `units` units each, tiled in one batch as mask_batch does (the last
+    tile of each sample, cut by its end, left out)."""
+    rng = np.random.default_rng(seed)
+    unit_sample = np.repeat(np.arange(samples), units)
+    first = np.arange(samples) * units
+    starts = tile_starts(masker.draw_tile_lengths(rng.random(samples * units)), unit_sample, first,
+                         np.full(samples, units))
+    sizes = np.diff(np.append(np.flatnonzero(starts), samples * units))
+    last = np.flatnonzero(starts)[np.r_[np.flatnonzero(np.diff(unit_sample[starts])), samples - 1]]
+    keep = np.ones(len(sizes), bool)
+    keep[np.searchsorted(np.flatnonzero(starts), last)] = False
+    assert (unit_sample[np.flatnonzero(starts)][:, None] >= 0).all() and starts[first].all()  # tiles start samples
+    return sizes[keep]
 
 
 def test_selection_rate_split_and_specials(en_prepared, en_tokenizer):
@@ -100,12 +116,7 @@ def test_ngram_lengths_follow_one_over_n(en_prepared, en_tokenizer):
     assert np.allclose(probs, [6 / 11, 3 / 11, 2 / 11])
     tok = en_tokenizer
     masker = Masker(cfg, tok.vocab_size, tok.mask_id, tok.special_ids, tok.word_start)
-    rng = np.random.default_rng(3)
-    drawn = []
-    for _ in range(400):
-        tile_of_unit, _ = masker.tiles(np.ones(500, np.int64), rng)
-        drawn.append(np.bincount(tile_of_unit)[:-1])  # the last tile is cut by the sequence end
-    drawn = np.concatenate(drawn)
+    drawn = _tile_sizes(masker, 400, 500, seed=3)
     n = len(drawn)
     for k, p in zip((1, 2, 3), (6 / 11, 3 / 11, 2 / 11)):
         assert abs(np.mean(drawn == k) - p) < 4 * _se(p, n), (k, np.mean(drawn == k), p)
@@ -132,8 +143,7 @@ def test_span_lengths_are_clipped_geometric(en_tokenizer):
     assert np.allclose(probs, ref / ref.sum())
     tok = en_tokenizer
     masker = Masker(cfg, tok.vocab_size, tok.mask_id, tok.special_ids, tok.word_start)
-    rng = np.random.default_rng(5)
-    drawn = np.concatenate([np.bincount(masker.tiles(np.ones(400, np.int64), rng)[0])[:-1] for _ in range(300)])
+    drawn = _tile_sizes(masker, 300, 400, seed=5)
     mean_ref = float((lengths * probs).sum())  # 3.8 for p = 0.2, clipped at 10 (SpanBERT reports 3.8)
     assert abs(drawn.mean() - mean_ref) < 4 * drawn.std() / np.sqrt(len(drawn))
     assert abs(mean_ref - 3.8) < 0.05
@@ -144,3 +154,19 @@ def test_word_strategies_need_a_word_start_table(en_tokenizer):
         Masker(MaskingConfig(strategy="whole-word"), en_tokenizer.vocab_size, 4, [0, 1, 2, 3, 4], None)
     with pytest.raises(ValueError, match="mask_prob"):
         MaskingConfig(mask_prob=0.9, random_prob=0.2)
+
+
+def test_a_batch_masks_each_sample_as_it_would_alone(en_prepared, en_tokenizer):
+    tok = en_tokenizer
+    rows = [r[:n] for r, n in zip(_sequences(en_prepared, 12, 128, seed=6), [128, 40, 7, 128, 90, 2] * 2)]
+    rows[5] = np.array([2, 3])  # nothing maskable
+    for strategy in ("token", "whole-word", "ngram", "span"):
+        masker = Masker(MaskingConfig(strategy=strategy), tok.vocab_size, tok.mask_id, tok.special_ids,
+                        tok.word_start)
+        batch = masker.mask_batch(rows, [np.random.default_rng(i) for i in range(len(rows))])
+        for i, r in enumerate(rows):
+            alone = masker(r, np.random.default_rng(i))
+            assert np.array_equal(alone.input_ids, batch[i].input_ids), (strategy, i)
+            assert np.array_equal(alone.positions, batch[i].positions) and np.array_equal(alone.labels,
+                                                                                          batch[i].labels)
+        assert len(batch[5].positions) == 0

@@ -73,12 +73,28 @@ class PretrainingDataset:
         c, epoch, sample_id = self.locate(position)
         return self.build(c, epoch, sample_id)
 
+    def __getitems__(self, positions: list[int]) -> list[dict]:
+        """A batch of samples (the DataLoader calls this with a batch sampler): built one by one, masked in one
+        vectorised pass; equal to ``[self[p] for p in positions]``."""
+        if type(self).__getitem__ is not PretrainingDataset.__getitem__:  # a subclass builds its own samples
+            return [self[p] for p in positions]
+        built = [self.unmasked(*self.locate(p)) for p in positions]
+        masked = self.masker.mask_batch([s["tokens"] for s, _ in built], [rng for _, rng in built])
+        return [self._assemble(s, m) for (s, _), m in zip(built, masked)]
+
     def build(self, corpus: int, epoch: int, sample_id: int) -> dict:
+        sample, rng = self.unmasked(corpus, epoch, sample_id)
+        return self._assemble(sample, self.masker(sample["tokens"], rng))
+
+    def unmasked(self, corpus: int, epoch: int, sample_id: int) -> tuple[dict, np.random.Generator]:
+        """The sample's tokens and labels before masking, and its generator (positioned for the masking draws)."""
         masking = self.cfg.masking
         view_epoch = epoch if masking.dynamic else epoch % masking.dupe_factor
         rng = sample_rng(self.seed, corpus, view_epoch, sample_id)
-        sample = self.builders[corpus](sample_id, rng)
-        masked = self.masker(sample["tokens"], rng)
+        return self.builders[corpus](sample_id, rng), rng
+
+    @staticmethod
+    def _assemble(sample: dict, masked) -> dict:
         out = {"input_ids": masked.input_ids, "token_type_ids": sample["token_types"],
                "mlm_positions": masked.positions.astype(np.int32), "mlm_labels": masked.labels.astype(np.int32)}
         if "sentence_label" in sample:

@@ -32,7 +32,7 @@ class SampleBuilder:
         self.budget = content_budget(fmt, max_seq_length)
         self.cls, self.sep = np.int32(cls_id), np.int32(sep_id)
         self.negative_prob = negative_prob
-        self.cum = np.concatenate([[0], np.cumsum(corpus.sentence_lengths, dtype=np.int64)])
+        self.cum = corpus.token_offsets
         if fmt in ("segment-pair", "sentence-pair") and corpus.num_documents < 2:
             raise ValueError(f"{corpus.prefix}: NSP negatives come from another document, but it has only one")
 
