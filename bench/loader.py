@@ -12,7 +12,7 @@ data_prep/train_tokenizer.py), in one process with one torch thread, in the same
 - Hugging Face: ``DataCollatorForLanguageModeling`` (token-level 15 % masking) on ready-made sequences of the same
   length cut from the same shard (no sample construction: it does less work).
 
-Reported: samples/s for each at seq 128 and 512 and our ratio to each. Index building (ours and megatron's) and
+Reported: samples/s for each at seq 128 and 512 (median of ``--repeats`` interleaved rounds) and our ratio to each. Index building (ours and megatron's) and
 the first touch of the shard happen before timing.
 """
 from __future__ import annotations
@@ -159,6 +159,7 @@ def bench_hf(tok, prefix, seq: int, n: int) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=3000, help="samples timed per loader and length")
+    p.add_argument("--repeats", type=int, default=3, help="rounds; each loader's median is reported")
     p.add_argument("--vocab-size", type=int, default=30522)
     p.add_argument("--out", type=Path, default=None, help="work folder (default: a temporary one)")
     args = p.parse_args(argv)
@@ -172,9 +173,12 @@ def main(argv=None) -> int:
         print(f"corpus: {CORPUS.name}, tokenizer wordpiece {tok.vocab_size}, {args.samples} samples per measurement")
         print(f"{'seq':>5} {'ours/s':>9} {'megatron/s':>11} {'hf/s':>9} {'ours/megatron':>14} {'ours/hf':>8}")
         for seq in (128, 512):
-            ours = bench_ours(tok, prefix, seq, args.samples, out / "cache_ours")
-            meg = bench_megatron(tok, prefix, seq, args.samples, out / "cache_megatron")
-            hf = bench_hf(tok, prefix, seq, args.samples)
+            rounds = []
+            for _ in range(args.repeats):  # interleaved, so load drifting on a shared machine hits all three alike
+                rounds.append((bench_ours(tok, prefix, seq, args.samples, out / "cache_ours"),
+                               bench_megatron(tok, prefix, seq, args.samples, out / "cache_megatron"),
+                               bench_hf(tok, prefix, seq, args.samples)))
+            ours, meg, hf = np.median(np.array(rounds), axis=0)
             print(f"{seq:>5} {ours:>9.0f} {meg:>11.0f} {hf:>9.0f} {ours / meg:>14.2f} {ours / hf:>8.2f}", flush=True)
     return 0
 
