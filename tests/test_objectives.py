@@ -241,3 +241,15 @@ def test_tiny_albert_with_sop_and_ngram_masking_learns(small_vocab):
     assert after["mlm_loss"] < before["mlm_loss"] - 0.4, (before, after)
     assert after["mlm_acc"] > before["mlm_acc"] + 0.02, (before, after)
     assert math.isfinite(after["sop_loss"]) and after["sop_loss"] < 0.8
+
+
+def test_electra_sharing_and_generator_size(en_tokenizer):
+    cfg = _model_cfg("tiny-electra", en_tokenizer)
+    shared = ElectraObjective({"sharing": "all", "generator_fraction": 1.0}).build_model(cfg)
+    assert shared.generator.encoder is shared.discriminator.encoder
+    emb = ElectraObjective({"sharing": "embeddings", "generator_fraction": 0.5}).build_model(cfg)
+    assert emb.generator.encoder.embeddings is emb.discriminator.encoder.embeddings
+    assert emb.generator_cfg.hidden_size == cfg.hidden_size // 2
+    none = ElectraObjective({"sharing": "none"}).build_model(cfg)  # fraction from the preset (1/4)
+    assert none.generator.encoder.embeddings is not none.discriminator.encoder.embeddings
+    assert none.generator_cfg.hidden_size == cfg.hidden_size // 4

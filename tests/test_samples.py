@@ -268,3 +268,37 @@ def test_dataset_sample_contract(en_prepared, en_tokenizer, tmp_path):
     assert set(s) == {"input_ids", "token_type_ids", "mlm_positions", "mlm_labels", "sentence_label"}
     assert len(s["mlm_positions"]) <= cfg.masking.max_predictions_per_seq
     assert (np.diff(s["mlm_positions"]) > 0).all()
+
+
+def test_sentence_pair_is_two_natural_sentences(en_prepared):
+    corpus, index, build = _builder(en_prepared, "sentence-pair", T=128, short=0.0)
+    for i in range(0, len(index), max(1, len(index) // 200)):
+        s = build(i, np.random.default_rng(i))
+        a, b = _segments(s["tokens"])
+        start = int(index.chunks[i, 0])
+        if len(s["tokens"]) < 128:  # untrimmed: A is exactly one sentence, and B the next one for positives
+            assert a.tolist() == corpus.read(start, start + 1).tolist()
+            if s["sentence_label"] == 0:
+                assert b.tolist() == corpus.read(start + 1, start + 2).tolist()
+
+
+def _build_in_process(prefix, cache, queue):
+    corpus = IndexedCorpus(prefix)
+    index = load_or_build(corpus, "segment-pair", 96, 0.1, 9, False, cache)
+    queue.put(np.asarray(index.chunks).tobytes())
+
+
+def test_concurrent_index_builds_agree(en_prepared, tmp_path):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_build_in_process, args=(en_prepared, tmp_path, queue)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert len(set(results)) == 1
+    assert len(list(tmp_path.glob("*-chunks.npy"))) == 1 and not list(tmp_path.glob("*.tmp*"))
