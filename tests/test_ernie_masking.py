@@ -183,3 +183,33 @@ def test_entities_from_jieba_masked_whole_on_chinese_corpus(tmp_path, zh_corpus)
         assert n in (0, e - s)
         whole += n == e - s and e - s > 1
     assert whole > 10
+
+
+def test_rows_masked_together_equal_rows_masked_alone():
+    """knowledge_mask_rows (the DataLoader batch path) gives each row exactly what masking it alone gives."""
+    from trainer.ernie.knowledge_masking import knowledge_mask_rows
+
+    rng = np.random.default_rng(5)
+    V = 1000
+    is_special = np.zeros(V, bool)
+    is_special[:5] = True
+    ws = rng.random(V) < 0.7
+    rows, spans = [], []
+    for b in range(24):
+        L = int(rng.integers(3, 60))
+        rows.append(np.r_[2, rng.integers(5, V, L - 2), 3])
+        s = _random_spans(rng, 1, L, int(b % 2), max_len=4)[:, 1:] if L > 8 else np.zeros((0, 3), np.int64)
+        spans.append(s)
+    cfg = _cfg(max_predictions_per_seq=12)
+    for level in ("basic", "phrase", "entity"):
+        together = knowledge_mask_rows(rows, spans, level, cfg, MASK, RANDOM_IDS,
+                                       [np.random.default_rng(100 + b) for b in range(24)], is_special, ws)
+        for b, (r, s) in enumerate(zip(rows, spans)):
+            ids = r[None]
+            sp = np.concatenate([np.zeros((len(s), 1), np.int64), s], axis=1)
+            alone = knowledge_mask(ids, ~is_special[ids], ws[ids], sp, level, cfg, MASK, RANDOM_IDS,
+                                   np.random.default_rng(100 + b))
+            keep = alone["mlm_labels"][0] != -100
+            assert np.array_equal(together[b]["input_ids"], alone["input_ids"][0])
+            assert np.array_equal(together[b]["mlm_positions"], alone["mlm_positions"][0][keep])
+            assert np.array_equal(together[b]["mlm_labels"], alone["mlm_labels"][0][keep])

@@ -17,7 +17,7 @@ from data_prep.manifest import manifest_path
 from trainer.data.dataset import PretrainingDataset, sample_rng
 from trainer.ernie import tasks as T
 from trainer.ernie.dlm import DialogueFile, dlm_sample
-from trainer.ernie.knowledge_masking import KnowledgeMaskingConfig, knowledge_mask
+from trainer.ernie.knowledge_masking import KnowledgeMaskingConfig, knowledge_mask_rows
 
 IGNORE = -100
 DLM_CORPUS_KEY = 0xDD  # corpus slot of sample_rng for DLM samples (real corpora are numbered from 0)
@@ -83,18 +83,34 @@ class ErnieCorpusBase(PretrainingDataset):
         start, end, _ = (int(x) for x in self.builders[c].index.sample_chunks(sample_id)[0])
         return start, end
 
-    def mask_row(self, ids: np.ndarray, spans: np.ndarray, level: str, rng) -> dict:
-        ids = np.asarray(ids, np.int64)[None]
-        cand = ~self.is_special[ids]
-        rows = np.concatenate([np.zeros((len(spans), 1), np.int64), spans.reshape(-1, 3)], axis=1)
-        m = knowledge_mask(ids, cand, self.word_start[ids], rows, level, self.km, self.tok.mask_id, self.random_ids,
-                           rng)
-        keep = m["mlm_labels"][0] != IGNORE
-        return {"input_ids": m["input_ids"][0], "mlm_positions": m["mlm_positions"][0][keep],
-                "mlm_labels": m["mlm_labels"][0][keep]}
+    def pending(self, ids, spans, level: str, rng) -> dict:
+        """A row whose knowledge masking is still to do (``finish`` does it, for one row or a whole batch)."""
+        return {"_mask": (np.asarray(ids, np.int64), np.asarray(spans, np.int64).reshape(-1, 3), level, rng)}
+
+    def finish(self, rows: list[dict]) -> list[dict]:
+        """Knowledge-mask the pending rows, all rows of one level in one vectorised pass, each with its own
+        generator (``knowledge_mask_rows``: equal to masking each alone), so a DataLoader batch costs about one call."""
+        todo: dict[str, list[int]] = {}
+        for i, row in enumerate(rows):
+            if "_mask" in row:
+                todo.setdefault(row["_mask"][2], []).append(i)
+        for level, idx in todo.items():
+            parts = [rows[i].pop("_mask") for i in idx]
+            masked = knowledge_mask_rows([p[0] for p in parts], [p[1] for p in parts], level, self.km,
+                                         self.tok.mask_id, self.random_ids, [p[3] for p in parts], self.is_special,
+                                         self.word_start)
+            for i, m in zip(idx, masked):
+                rows[i].update(m)
+        return rows
+
+    def __getitem__(self, position: int) -> dict:
+        return self.finish([self.build_row(position)])[0]
+
+    def __getitems__(self, positions: list[int]) -> list[dict]:
+        return self.finish([self.build_row(p) for p in positions])
 
     def corpus_row(self, c: int, sample_id: int, level: str, rng) -> tuple[dict, int, int]:
-        """[CLS] sentences [SEP] of the sample's chunk, knowledge-masked at ``level``."""
+        """[CLS] sentences [SEP] of the sample's chunk, to be knowledge-masked at ``level``."""
         start, end = self.chunk(c, sample_id)
         budget = self.cfg.max_seq_length - 2
         toks = self.corpora[c].read(start, end)[:budget]
@@ -102,9 +118,8 @@ class ErnieCorpusBase(PretrainingDataset):
         spans = np.zeros((0, 3), np.int64)
         if self.spans is not None and level != "basic":
             spans = place_chunk_spans(self.spans[c].range(start, end), start, self.cums[c], 1, len(toks))
-        row = self.mask_row(ids, spans, level, rng)
+        row = self.pending(ids, spans, level, rng)
         row["token_type_ids"] = np.zeros(len(ids), np.int64)
-        row["original_ids"] = ids
         return row, start, end
 
 
@@ -121,19 +136,18 @@ class KnowledgeMaskedDataset(ErnieCorpusBase):
     def is_dlm_step(self, step: int) -> bool:
         return self.dialogues is not None and self.dlm_every > 0 and step % self.dlm_every == self.dlm_every - 1
 
-    def __getitem__(self, position: int) -> dict:
+    def build_row(self, position: int) -> dict:
         step = position // self.global_batch
         level = self.km.level_at(step)
         if self.is_dlm_step(step):
             rng = sample_rng(self.seed, DLM_CORPUS_KEY, 0, position)
             s = dlm_sample(self.dialogues, int(rng.integers(0, len(self.dialogues))), rng, self.cfg.max_seq_length,
                            self.tok.cls_id, self.tok.sep_id, self.dlm_turns, self.dlm_fake_prob)
-            row = self.mask_row(s["input_ids"], s["spans"], level, rng)
+            row = self.pending(s["input_ids"], s["spans"], level, rng)
             row.update(role_ids=s["role_ids"], dlm_label=s["dlm_label"])
             return row
         c, epoch, sample_id = self.locate(position)
         row, _, _ = self.corpus_row(c, sample_id, level, sample_rng(self.seed, c, epoch, sample_id))
-        del row["original_ids"]
         return row
 
 
@@ -154,7 +168,7 @@ class MultiTaskDataset(ErnieCorpusBase):
                 raise ValueError("the capitalization task needs a cased tokenizer with both spellings of words "
                                  "(train it with --cased); this one has no upper/lower-case pairs")
 
-    def __getitem__(self, position: int) -> dict:
+    def build_row(self, position: int) -> dict:
         step = position // self.global_batch
         names = set(self.plan.tasks_at(step))
         level = self.km.level_at(step)
@@ -190,7 +204,8 @@ class MultiTaskDataset(ErnieCorpusBase):
                     spans = place_chunk_spans(self.spans[c].range(start, end), start, self.cums[c], 1, len(toks))
                 row = self._token_tasks(ids, spans, level, rng, names, (c, start, end))
                 row["token_type_ids"] = np.zeros(len(ids), np.int64)
-        row["task_ids"] = np.full(len(row["input_ids"]), T.TASK_ID[sentence_task or "mlm"], np.int64)
+        length = len(row["input_ids"]) if "input_ids" in row else len(row["_mask"][0])
+        row["task_ids"] = np.full(length, T.TASK_ID[sentence_task or "mlm"], np.int64)
         return row
 
     def _token_tasks(self, ids, spans, level, rng, names, source) -> dict:
@@ -201,8 +216,8 @@ class MultiTaskDataset(ErnieCorpusBase):
             out["capitalization_labels"] = labels
         if "token_document" in names:
             out["token_document_labels"] = self._token_document(ids, cand, source)
-        if "mlm" in names:
-            out.update(self.mask_row(ids, spans, level, rng))
+        if "mlm" in names:  # masking is the sample's last use of its generator: done later, batched
+            out.update(self.pending(ids, spans, level, rng))
         else:
             out["input_ids"] = ids
         return out

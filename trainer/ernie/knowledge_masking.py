@@ -102,7 +102,8 @@ def unit_ids(word_start: np.ndarray, candidate: np.ndarray, spans: np.ndarray, l
     return np.where(candidate, ids, -1)
 
 
-def select_units(units: np.ndarray, budget: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def select_units(units: np.ndarray, budget: np.ndarray, rng: np.random.Generator | None,
+                 keys: np.ndarray | None = None) -> np.ndarray:
     """Shuffle each row's units and take them while the running token count fits ``budget`` [B]. -> bool [B, T].
 
     Works on the flat list of candidate tokens: one sort by (row + the unit's random key in [0, 1)) groups rows,
@@ -113,7 +114,8 @@ def select_units(units: np.ndarray, budget: np.ndarray, rng: np.random.Generator
     """
     B, T = units.shape
     selected = np.zeros(B * T, bool)
-    keys = rng.random((B, T + 1))  # one key per possible unit id (< T) of every row
+    if keys is None:
+        keys = rng.random((B, T + 1))  # one key per possible unit id (< T) of every row
     flat = np.flatnonzero(units.ravel() >= 0)
     if len(flat) == 0:
         return selected.reshape(B, T)
@@ -136,17 +138,68 @@ def knowledge_mask(input_ids: np.ndarray, candidate: np.ndarray, word_start: np.
     """Mask a batch ``[B, T]`` at ``level``; returns ``input_ids`` (corrupted copy), ``mlm_positions`` and
     ``mlm_labels`` ``[B, P]`` (P = max_predictions_per_seq, padded with 0 / -100) as DESIGN.md's batch contract,
     and ``selected`` [B, T] bool. ``random_ids``: the ids a random replacement draws from (non-special tokens)."""
+    B, T = input_ids.shape
+    keys = rng.random((B, T + 1))
+    return _mask(input_ids, candidate, word_start, spans, level, cfg, mask_id, keys,
+                 lambda: rng.random(input_ids.shape),
+                 lambda to_rand: random_ids[rng.integers(0, len(random_ids), size=int(to_rand.sum()))])
+
+
+def knowledge_mask_rows(rows: list[np.ndarray], spans: list[np.ndarray], level: str, cfg: KnowledgeMaskingConfig,
+                        mask_id: int, random_ids: np.ndarray, rngs: list[np.random.Generator],
+                        is_special: np.ndarray, word_start: np.ndarray) -> list[dict[str, np.ndarray]]:
+    """Mask several rows in one vectorised pass, row b with its own generator ``rngs[b]``: equal, row for row, to
+    ``knowledge_mask`` of that row alone (same draws in the same order), so a sample stays a function of its own
+    index while a DataLoader batch is masked at batch speed. ``spans[b]``: [k, 3] in row coordinates; ``is_special``
+    and ``word_start`` are vocabulary tables. Returns per row ``input_ids`` [L], ``mlm_positions`` / ``mlm_labels``
+    [k] (the real predictions only)."""
+    B = len(rows)
+    lengths = np.fromiter((len(r) for r in rows), np.int64, count=B)
+    T = int(lengths.max()) if B else 0
+    ids = np.zeros((B, T), np.int64)
+    for b, r in enumerate(rows):
+        ids[b, :len(r)] = r
+    real = np.arange(T)[None, :] < lengths[:, None]
+    candidate = real & ~is_special[ids]
+    span_rows = [np.concatenate([np.full((len(sp), 1), b), np.asarray(sp).reshape(-1, 3)], axis=1)
+                 for b, sp in enumerate(spans) if len(sp)]
+    flat_spans = np.concatenate(span_rows) if span_rows else np.zeros((0, 4), np.int64)
+    keys = np.zeros((B, T + 1))
+    for b in range(B):  # the draws each row makes alone, in the same order: keys, then uniforms, then random ids
+        keys[b, :lengths[b] + 1] = rngs[b].random(int(lengths[b]) + 1)
+
+    def uniforms():
+        u = np.ones((B, T))
+        for b in range(B):
+            u[b, :lengths[b]] = rngs[b].random(int(lengths[b]))
+        return u
+
+    def replacements(to_rand):
+        counts = to_rand.sum(axis=1)
+        return np.concatenate([random_ids[rngs[b].integers(0, len(random_ids), size=int(counts[b]))]
+                               for b in range(B)]) if B else np.zeros(0, np.int64)
+
+    out = _mask(ids, candidate, word_start[ids], flat_spans, level, cfg, mask_id, keys, uniforms, replacements)
+    result = []
+    for b in range(B):
+        keep = out["mlm_labels"][b] != -100
+        result.append({"input_ids": out["input_ids"][b, :lengths[b]], "mlm_positions": out["mlm_positions"][b][keep],
+                       "mlm_labels": out["mlm_labels"][b][keep]})
+    return result
+
+
+def _mask(input_ids, candidate, word_start, spans, level, cfg, mask_id, keys, uniforms, replacements) -> dict:
     units = unit_ids(word_start, candidate, spans, level)
     n_cand = candidate.sum(axis=1)
     budget = np.minimum(cfg.max_predictions_per_seq, np.maximum(1, np.rint(cfg.rate * n_cand))).astype(np.int64)
     budget = np.where(n_cand > 0, budget, 0)
-    selected = select_units(units, budget, rng)
+    selected = select_units(units, budget, None, keys)
     out = input_ids.copy()
-    u = rng.random(input_ids.shape)
+    u = uniforms()
     to_mask = selected & (u < cfg.mask_prob)
     to_rand = selected & (u >= cfg.mask_prob) & (u < cfg.mask_prob + cfg.random_prob)
     out[to_mask] = mask_id
-    out[to_rand] = random_ids[rng.integers(0, len(random_ids), size=int(to_rand.sum()))]
+    out[to_rand] = replacements(to_rand)
     P = cfg.max_predictions_per_seq
     B, T = input_ids.shape
     order = np.argsort(~selected, axis=1, kind="stable")[:, :P]  # selected positions first, in position order
