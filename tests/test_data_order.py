@@ -77,6 +77,18 @@ def test_batched_fetch_equals_one_by_one(dataset):
     assert [_digest(s) for s in dataset.__getitems__(positions)] == [_digest(dataset[p]) for p in positions]
 
 
+def test_rekeyed_generator_is_the_fresh_per_sample_generator(dataset):
+    from trainer.data.dataset import sample_rng
+
+    for epoch, sample_id in [(0, 3), (2, 3), (0, 4)]:
+        _, rng = dataset.unmasked(0, epoch, sample_id)
+        rng.integers(0, 7, 3)  # leave state (buffers) behind
+        _, rng = dataset.unmasked(0, epoch, sample_id)
+        fresh = sample_rng(dataset.seed, 0, epoch, sample_id)
+        dataset.builders[0](sample_id, fresh)  # the same draws the builder took
+        assert np.array_equal(rng.random(6), fresh.random(6))
+
+
 def test_epoch_order_is_a_permutation_per_epoch(tmp_path):
     order = EpochOrder(1000, seed=4, cache_dir=tmp_path, key="k")
     seen = [order(g) for g in range(3000)]

@@ -58,10 +58,15 @@ class Masker:
     def __call__(self, tokens: np.ndarray, rng: np.random.Generator) -> MaskedSample:
         return self.mask_batch([tokens], [rng])[0]
 
-    def mask_batch(self, rows: list[np.ndarray], rngs: list[np.random.Generator]) -> list[MaskedSample]:
+    def draws(self, rng: np.random.Generator, num_tokens: int) -> np.ndarray:
+        """All the randomness masking a sample of ``num_tokens`` tokens uses: [k, num_tokens] uniforms."""
+        return rng.random((4 if len(self.tile_lengths) > 1 else 3, num_tokens))
+
+    def mask_batch(self, rows: list[np.ndarray], rngs: list[np.random.Generator] | None = None,
+                   draws: list[np.ndarray] | None = None) -> list[MaskedSample]:
         """Mask B samples in one vectorised pass over their concatenation; sample i's result depends only on its
-        tokens and ``rngs[i]`` (each draws the same arrays whether masked alone or in a batch), so batching never
-        changes a sample. Per sample: one generator call; everything else is ~30 numpy calls per *batch*."""
+        tokens and its generator ``rngs[i]`` (or its ``draws(rng, len)``, taken earlier), so batching never changes
+        a sample. Per sample: one generator call; everything else is ~30 numpy calls per *batch*."""
         cfg = self.cfg
         lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
         flat = np.concatenate(rows).astype(np.int64, copy=False) if len(rows) > 1 else np.asarray(rows[0], np.int64)
@@ -71,11 +76,12 @@ class Masker:
         sample_of = np.repeat(np.arange(B), lens)
         # per-sample draws: one generator call per sample (k uniforms per token, always the same size for a sample)
         multi = len(self.tile_lengths) > 1
-        k = 4 if multi else 3
-        draws = np.concatenate([g.random((k, n)) for g, n in zip(rngs, lens)], axis=1)
-        u_order, u_act = draws[0], draws[1]
-        u_rand = (draws[2] * len(self.random_pool)).astype(np.int64)  # uniform index into the random pool
-        u_len = draws[3] if multi else None
+        if draws is None:
+            draws = [self.draws(g, n) for g, n in zip(rngs, lens)]
+        u = np.concatenate(draws, axis=1) if len(draws) > 1 else draws[0]
+        u_order, u_act = u[0], u[1]
+        u_rand = (u[2] * len(self.random_pool)).astype(np.int64)  # uniform index into the random pool
+        u_len = u[3] if multi else None
 
         # 1. units
         candidate = ~self.is_special[flat]
