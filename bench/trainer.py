@@ -73,6 +73,9 @@ def _tensor_census() -> int:
 
 def worker(args) -> dict:
     import torch
+    # One thread everywhere: on 2 shared cores, 2 OpenMP threads per process stall at every barrier when a neighbour
+    # holds a core (a tiny step measured 0.25-5 s with 2 threads, 0.24-0.35 s with 1), which would decide the ratios.
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     model, cfg = _model(args.preset)
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
@@ -140,7 +143,7 @@ def _launch(preset: str, stage: int, nproc: int, steps: int, warmup: int, small_
             port = s.getsockname()[1]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
                str(port), *me]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"))
     rows = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not rows:
         raise RuntimeError(f"{cmd} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")

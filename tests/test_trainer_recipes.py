@@ -1,0 +1,98 @@
+"""The recipes against the papers' hyperparameters, validated with the real section models (model presets, data,
+objectives); the tiny recipes against a real corpus made by data prep, and one of them trained end to end."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.config import RECIPES_DIR, load_config, precision, validate_batch
+
+REPO = Path(__file__).resolve().parents[1]
+
+# name: (preset, objective, optim, lr, betas[1], warmup, steps, global batch, seq, format)
+PAPERS = {
+    "bert_base": ("bert-base", "mlm+nsp", "adamw", 1e-4, 0.999, 10_000, 1_000_000, 256, 512, "segment-pair"),
+    "bert_base_phase1": ("bert-base", "mlm+nsp", "lamb", 6e-3, 0.999, 2000, 7038, 65536, 128, "segment-pair"),
+    "bert_base_phase2": ("bert-base", "mlm+nsp", "lamb", 4e-3, 0.999, 200, 1563, 32768, 512, "segment-pair"),
+    "roberta_base": ("roberta-base", "mlm", "adamw", 6e-4, 0.98, 24_000, 500_000, 8192, 512, "doc-sentences"),
+    "roberta_large": ("roberta-large", "mlm", "adamw", 4e-4, 0.98, 30_000, 500_000, 8192, 512, "doc-sentences"),
+    "albert_base": ("albert-base", "mlm+sop", "lamb", 0.00176, 0.999, 3125, 125_000, 4096, 512, "sop-pair"),
+    "albert_large": ("albert-large", "mlm+sop", "lamb", 0.00176, 0.999, 3125, 125_000, 4096, 512, "sop-pair"),
+    "albert_xlarge": ("albert-xlarge", "mlm+sop", "lamb", 0.00176, 0.999, 3125, 125_000, 4096, 512, "sop-pair"),
+    "albert_xxlarge": ("albert-xxlarge", "mlm+sop", "lamb", 0.00176, 0.999, 3125, 125_000, 4096, 512, "sop-pair"),
+    "electra_small": ("electra-small", "electra", "adamw", 5e-4, 0.999, 10_000, 1_000_000, 128, 128,
+                      "full-sentences"),
+    "electra_base": ("electra-base", "electra", "adamw", 2e-4, 0.999, 10_000, 766_000, 256, 512, "full-sentences"),
+    "electra_large": ("electra-large", "electra", "adamw", 2e-4, 0.999, 10_000, 1_750_000, 2048, 512,
+                      "full-sentences"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_paper_recipe_has_the_papers_hyperparameters(name):
+    from trainer.models import get_preset
+    preset, objective, optim, lr, beta2, warmup, steps, batch, seq, fmt = PAPERS[name]
+    cfg = load_config(name, world_size=1)
+    assert cfg.model == get_preset(preset, **({} if cfg.model.dropout == get_preset(preset).dropout else
+                                              {"dropout": cfg.model.dropout}))
+    assert (cfg.objective.name, cfg.optim.name, cfg.optim.lr, cfg.optim.betas[1]) == (objective, optim, lr, beta2)
+    assert (cfg.schedule.warmup_steps, cfg.train.steps, cfg.train.global_batch_size) == (warmup, steps, batch)
+    assert (cfg.data.max_seq_length, cfg.data.format) == (seq, fmt)
+    assert cfg.optim.eps == 1e-6 and cfg.optim.weight_decay == 0.01
+    assert cfg.data.masking.rate == (0.25 if name == "electra_large" else 0.15)
+    assert precision(cfg) == "bf16"
+    validate_batch(cfg, 1)
+
+
+def test_every_recipe_file_is_covered():
+    tiny = {"tiny_bert", "tiny_roberta", "tiny_albert", "tiny_electra"}
+    ernie = {"ernie_base", "ernie2_base", "tiny_ernie", "tiny_ernie2"}  # validated by the ERNIE tests
+    assert {p.stem for p in RECIPES_DIR.glob("*.yaml")} - ernie == set(PAPERS) | tiny
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, en_corpus) -> Path:
+    """A byte-level BPE tokenizer and shards of (the first ~1/10 of) the shared English corpus, made by data prep's
+    CLIs."""
+    out = tmp_path_factory.mktemp("recipes")
+    lines = en_corpus.read_text(encoding="utf-8").splitlines()[:5000]
+    text = out / "en.txt"
+    text.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for cmd in (["data_prep/train_tokenizer.py", "--kind", "bbpe", "--input", str(text), "--vocab-size", "1500",
+                 "--output", str(out / "tok")],
+                ["data_prep/build_indexed.py", "--input", str(text), "--tokenizer", str(out / "tok"),
+                 "--output-prefix", str(out / "en"), "--split-sentences"]):
+        proc = subprocess.run([sys.executable, *cmd], cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "en"
+
+
+@pytest.mark.parametrize("name", ["tiny_bert", "tiny_roberta", "tiny_albert", "tiny_electra"])
+def test_tiny_recipes_take_the_corpus_vocabulary(corpus, name):
+    cfg = load_config(name, [f"data.corpora.0.prefix={corpus}"], world_size=2)
+    assert cfg.model.vocab_size == 1500 and cfg.model.hidden_size == 64
+    assert cfg.model.pad_token_id == 1  # byte-level BPE: <s>=0 <pad>=1
+    assert validate_batch(cfg, 2) == 2 and precision(cfg) == "fp32"
+
+
+@pytest.mark.slow
+def test_tiny_bert_trains_end_to_end_with_eval(corpus, tmp_path):
+    """The real stack in one process: segment pairs, MLM + NSP, held-out evaluation, checkpoint, metrics."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.pretrain", "--config", "tiny_bert", "--set", f"run_dir={tmp_path}",
+         "--set", f"data.corpora.0.prefix={corpus}", "--set", f"data.valid_corpora=[{{prefix: {corpus}}}]",
+         "--set", "train.steps=4", "--set", "train.eval_every=4", "--set", "train.eval_batches=2",
+         "--set", "logging.every_steps=2", "--set", "checkpoint.every_steps=4", "--set", "logging.progress_bar=false"],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in recs if "split" not in r]
+    evals = [r for r in recs if r.get("split") == "eval"]
+    assert [r["step"] for r in train] == [2, 4] and [r["step"] for r in evals] == [4]
+    assert all(0 < r["loss"] < 20 and r["tokens_per_s"] > 0 for r in train)
+    assert any("nsp" in k for k in train[-1]), train[-1]
+    assert (tmp_path / "checkpoints" / "global_step4" / "bertfamily.json").exists()
