@@ -51,25 +51,9 @@ def corpus(en_corpus, tmp_path_factory) -> Path:
     return prefix
 
 
-def tiny_config(path: Path, preset: str, objective: str, data_format: str, steps: int, **sections) -> Path:
-    """A tiny run config (YAML). The data prefix and run folder come from the template (DATA_PREFIX, RUN_DIR)."""
-    raw = {
-        "run_dir": "unset-the-template-sets-it",
-        "seed": 11,
-        "model": {"preset": preset, "vocab_size": VOCAB, "dropout": 0.0, "attention_dropout": 0.0},
-        "data": {"corpora": [{"prefix": "unset"}], "format": data_format, "max_seq_length": 64, "num_workers": 0},
-        "objective": {"name": objective},
-        "train": {"steps": steps, "global_batch_size": 8, "micro_batch_size": 4},
-        "optim": {"name": "adamw", "lr": 2e-3},
-        "schedule": {"kind": "linear", "warmup_steps": 2},
-        "deepspeed": {"config": "ds_configs/zero2.json", "precision": "fp32"},
-        "checkpoint": {"every_steps": 4, "keep_last": 3},
-        "logging": {"every_steps": 1, "tensorboard": False, "progress_bar": False, "peak_tflops": 1.0},
-    }
-    for key, value in sections.items():
-        raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
-    path.write_text(yaml.safe_dump(raw))
-    return path
+def sets(**values) -> str:
+    """EXTRA_SETS for a template: ``sets(train__steps=30)`` -> "train.steps=30"."""
+    return " ".join(f"{k.replace('__', '.')}={v}" for k, v in values.items())
 
 
 def submit(cluster, template: str, log: Path, **env: str) -> int:
@@ -126,10 +110,15 @@ def resumed_at(text: str) -> list[int]:
 
 def test_roberta_large_template_trains_and_a_preempted_run_resumes_to_the_same_losses(slurm_cluster, corpus,
                                                                                       tmp_path):
-    steps = 30
-    cfg = tiny_config(tmp_path / "tiny_roberta.yaml", "tiny-roberta", "mlm", "full-sentences", steps=steps,
-                      checkpoint={"every_steps": 10})
-    env = {"CONFIG": str(cfg), "DATA_PREFIX": str(corpus)}
+    steps = 30  # the requeue comes after step 2; the signal lands a few steps later (up to ~10 under load)
+    # full-sentences rather than the recipe's doc-sentences: packed doc-sentences batches are refused by the
+    # objectives until the encoder restricts attention to one packed sample (trainer/data/config.py).
+    # Dropout 0: with dropout the resumed run's losses differ from step 1 after the resume, because the data loader's
+    # iterator draws its base seed from torch's global RNG after the checkpoint's RNG state is restored (one draw
+    # the uninterrupted run made before step 1); reported to the trainer's owner.
+    env = {"CONFIG": "tiny_roberta", "DATA_PREFIX": str(corpus),
+           "EXTRA_SETS": sets(train__steps=steps, checkpoint__every_steps=0, logging__every_steps=1,
+                              data__format="full-sentences", model__dropout=0.0, model__attention_dropout=0.0)}
 
     straight = tmp_path / "straight"
     job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "straight.out", RUN_DIR=str(straight), **env)
@@ -153,9 +142,9 @@ def test_roberta_large_template_trains_and_a_preempted_run_resumes_to_the_same_l
     info = slurm_cluster.job(job)
     assert info["Restarts"] == "1", info
     assert "stopped by SIGTERM" in text and "restart 1" in text, text[-6000:]
-    # The requeued run resumed mid-run from the checkpoint the signal made (not a periodic one: every 10 steps).
+    # The requeued run resumed mid-run from the checkpoint the signal made (periodic checkpoints are off).
     (at,) = resumed_at(text)
-    assert 2 <= at < steps and at % 10 != 0, text[-6000:]
+    assert 2 <= at < steps, text[-6000:]
     resumed = losses(preempted)
     assert sorted(resumed) == list(range(1, steps + 1))
     # Every step's loss equals the uninterrupted run's (torch AdamW under ZeRO-2 resumes bit-identically; the
@@ -168,12 +157,10 @@ def test_albert_xxlarge_template_with_lamb_survives_a_killed_rank(slurm_cluster,
     """Tiny ALBERT (SOP + n-gram masking, LAMB under ZeRO-2). One node's rank is killed: the job fails within a
     bounded time with the template's message naming the last complete checkpoint; resubmitting the same command
     resumes from that checkpoint and finishes, with the loss falling over the whole run."""
-    steps = 40
-    cfg = tiny_config(tmp_path / "tiny_albert.yaml", "tiny-albert", "mlm+sop", "sop-pair", steps=steps,
-                      data={"masking": {"strategy": "ngram", "max_predictions_per_seq": 10}},
-                      optim={"name": "lamb", "lr": 5e-3, "weight_decay": 0.01})
+    steps = 24
     run = tmp_path / "albert"
-    env = {"CONFIG": str(cfg), "DATA_PREFIX": str(corpus), "RUN_DIR": str(run)}
+    env = {"CONFIG": "tiny_albert", "DATA_PREFIX": str(corpus), "RUN_DIR": str(run),
+           "EXTRA_SETS": sets(train__steps=steps, checkpoint__every_steps=4, logging__every_steps=1, optim__lr=1e-2)}
     job = submit(slurm_cluster, "albert_xxlarge.sh", tmp_path / "first.out", **env)
     wait_for_steps(run, 5, slurm_cluster, job)
     victims = _rank_processes(slurm_cluster, node_id="1")
@@ -193,6 +180,7 @@ def test_albert_xxlarge_template_with_lamb_survives_a_killed_rank(slurm_cluster,
     assert f"Last complete checkpoint: {run}/checkpoints/global_step{last}" in text, text[-3000:]
     resolved = json.loads(next((run / "logs").glob("job*-restart0/config.json")).read_text())
     assert resolved["optim"]["name"] == "lamb" and resolved["objective"]["name"] == "mlm+sop"
+    assert resolved["data"]["masking"]["strategy"] == "ngram" and resolved["train"]["steps"] == steps
     before = losses(run)
 
     job = submit(slurm_cluster, "albert_xxlarge.sh", tmp_path / "again.out", **env)
@@ -209,29 +197,27 @@ def test_albert_xxlarge_template_with_lamb_survives_a_killed_rank(slurm_cluster,
         assert run_losses[step] == pytest.approx(before[step], rel=1e-6, abs=1e-7), (step, before, run_losses)
 
 
-def _supports_init_from() -> bool:
-    from trainer.config import CheckpointConfig
-
-    return "init_from" in CheckpointConfig.model_fields
-
-
-@pytest.mark.skipif(not (REPO / "trainer" / "config.py").exists() or not _supports_init_from(),
-                    reason="trainer has no checkpoint.init_from yet (DESIGN.md, Checkpoints): BERT phase 2 needs it")
 def test_bert_base_template_runs_both_phases(slurm_cluster, corpus, tmp_path):
-    phase1 = tiny_config(tmp_path / "p1.yaml", "tiny", "mlm+nsp", "segment-pair", steps=8,
-                         data={"max_seq_length": 32})
-    phase2 = tiny_config(tmp_path / "p2.yaml", "tiny", "mlm+nsp", "segment-pair", steps=6,
-                         data={"max_seq_length": 64}, checkpoint={"every_steps": 3})
+    """Phase 1 (tiny BERT, seq 32) then phase 2 (seq 64) in one job, phase 2 from phase 1's weights."""
+    phase1 = tmp_path / "phase1.yaml"
+    phase1.write_text(yaml.safe_dump({"base": "tiny_bert", "data": {"max_seq_length": 32}}))
+    phase2 = tmp_path / "phase2.yaml"
+    phase2.write_text(yaml.safe_dump({"base": "tiny_bert", "data": {"max_seq_length": 64}}))
     run = tmp_path / "bert"
     job = submit(slurm_cluster, "bert_base.sh", tmp_path / "bert.out", PHASE1_CONFIG=str(phase1),
-                 PHASE2_CONFIG=str(phase2), DATA_PREFIX=str(corpus), RUN_DIR=str(run))
+                 PHASE2_CONFIG=str(phase2), DATA_PREFIX=str(corpus), RUN_DIR=str(run),
+                 EXTRA_SETS=sets(train__steps=10, checkpoint__every_steps=5, logging__every_steps=1, optim__lr=2e-3))
     text = assert_completed(slurm_cluster, job, tmp_path / "bert.out")
     one, two = losses(run / "phase1"), losses(run / "phase2")
-    assert sorted(one) == list(range(1, 9)) and sorted(two) == list(range(1, 7))
-    assert f"initialised from {run}/phase1/checkpoints/global_step8" in text, text[-5000:]
-    assert latest_step(run / "phase1") == 8 and latest_step(run / "phase2") == 6
-    # Phase 2 starts from phase 1's weights, not from scratch: its first loss is near phase 1's last, well below
-    # phase 1's first (a fresh tiny model starts at ~ln(vocab)).
+    assert sorted(one) == list(range(1, 11)) and sorted(two) == list(range(1, 11)), (one, two)
+    assert latest_step(run / "phase1") == 10 and latest_step(run / "phase2") == 10
+    assert f"initialised from {run}/phase1/checkpoints/global_step10" in text, text[-5000:]
+    for phase, seq in (("phase1", 32), ("phase2", 64)):
+        resolved = json.loads(next((run / phase / "logs").glob("job*-restart0/config.json")).read_text())
+        assert resolved["data"]["max_seq_length"] == seq
+    # Phase 2 starts from phase 1's weights, not from scratch: its first loss is well below phase 1's first (a fresh
+    # tiny model starts near ln(vocab)).
+    assert_falls(one)
     assert two[1] < one[1] - 0.05, (one, two)
 
 
