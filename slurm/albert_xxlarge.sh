@@ -2,11 +2,12 @@
 # ALBERT-xxlarge (235M parameters, H=4096, 12 shared layers) pretraining with LAMB: `sbatch slurm/albert_xxlarge.sh`.
 #
 # Batch arithmetic (trainer/recipes/albert_xxlarge.yaml): the paper's 4,096 sequences of 512 tokens per step are
-#     nodes x GPUs per node x micro batch x gradient accumulation = 16 x 8 x 8 x 4 = 4,096.
+#     nodes x GPUs per node x micro batch x gradient accumulation = 16 x 8 x 4 x 8 = 4,096.
 # ALBERT shares one layer's weights but computes all 12 at H=4096, so it costs more per token than BERT-large:
-# micro batch 8 at seq 512 in bf16 needs activation checkpointing on 80 GB GPUs (the recipe sets it). Other node
-# counts: 8 nodes -> accumulation 8, 32 nodes -> 2. LAMB (lr 0.00176, 3,125 warmup steps, 125K steps) keeps its
-# per-parameter trust ratios under ZeRO (trainer/optim/lamb.py), so the ZeRO stage can change freely.
+# hence the recipe's micro batch of 4 at seq 512 in bf16 (raise it with activation checkpointing,
+# EXTRA_SETS="model.activation_checkpointing=true train.micro_batch_size=8"). Other node counts: 8 nodes ->
+# accumulation 16, 32 nodes -> 4. LAMB (lr 0.00176, 3,125 warmup steps, 125K steps) keeps its per-parameter trust
+# ratios under ZeRO (trainer/optim/lamb.py), so the ZeRO stage can change freely.
 # Time: ~125K steps at ~2.5 s/step on 16 x 8 A100 is ~3.6 days; the 48 h limit checkpoints and requeues.
 #
 # Overrides: environment variables (see slurm/common.sh) and sbatch flags, e.g.

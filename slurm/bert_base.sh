@@ -2,11 +2,14 @@
 # BERT-base (110M) in two phases, as NVIDIA trains it: sequences of 128 for the first 90 % of the steps, then 512,
 # phase 2 starting from phase 1's final weights. `sbatch slurm/bert_base.sh` runs both phases in one job.
 #
-# Batch arithmetic (trainer/recipes/bert_base_phase1.yaml, bert_base_phase2.yaml; BERT's 256 sequences per step):
-#     phase 1 (seq 128): nodes x GPUs per node x micro x accumulation = 4 x 8 x 32 x 1 = 1,024 ... see the recipe;
-#     phase 2 (seq 512): 4 x 8 x 8 x 1 = 256.
+# Batch arithmetic (trainer/recipes/bert_base_phase1.yaml and _phase2.yaml: NVIDIA's LAMB recipe):
+#     phase 1 (seq 128, 7,038 steps): nodes x GPUs per node x micro x accumulation = 8 x 8 x 64 x 16 = 65,536;
+#     phase 2 (seq 512, 1,563 steps):                                               8 x 8 x 16 x 32 = 32,768.
 # The trainer computes the accumulation from each recipe's global and micro batch and the world size, so another
-# node count works as long as the global batch divides evenly (2 nodes -> accumulation doubles).
+# node count works as long as both global batches divide evenly (4 nodes -> accumulation 32 and 64). On 8 x 8 A100
+# phase 1 takes ~1.5 days and phase 2 ~0.7 days: the 48 h limit checkpoints and requeues once, and the requeued job
+# picks up where it stopped (in phase 1 or phase 2). The original one-phase BERT recipe (256 x 512, 1M steps;
+# 1 node x 8 x 32 = 256): PHASE1_CONFIG=bert_base PHASE2_CONFIG=none sbatch --nodes=1 slurm/bert_base.sh.
 # Restart logic: phase 1 runs until RUN_DIR/phase1/status.json says "completed" (a requeued job resumes it with
 # --resume auto); then phase 2 starts in RUN_DIR/phase2 from phase 1's latest checkpoint (weights only: a new
 # optimizer and schedule), and resumes from its own checkpoints after a requeue.
@@ -14,7 +17,7 @@
 # Overrides: environment variables (see slurm/common.sh; PHASE1_CONFIG, PHASE2_CONFIG here) and sbatch flags:
 #   DATA_PREFIX=data/wiki_books RUN_DIR=runs/bert-b sbatch --nodes=8 slurm/bert_base.sh
 #SBATCH --job-name=bert-base
-#SBATCH --nodes=4
+#SBATCH --nodes=8
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
 #SBATCH --exclusive
@@ -41,6 +44,7 @@ else
     bf_train "$PHASE1_CONFIG" "$RUN_DIR/phase1" "$@"
     bf_check_launch
 fi
+if [ "$PHASE2_CONFIG" = none ]; then bf_finish; fi
 PHASE1_CKPT=$(bf_latest_checkpoint)
 [ -d "$PHASE1_CKPT" ] || bf_die "phase 1 completed but left no checkpoint in $RUN_DIR/phase1/checkpoints"
 

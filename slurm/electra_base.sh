@@ -2,15 +2,17 @@
 # ELECTRA-base (110M discriminator + a 1/3-width generator) pretraining: `sbatch slurm/electra_base.sh`.
 #
 # Batch arithmetic (trainer/recipes/electra_base.yaml): the paper's 256 sequences of 512 tokens per step are
-#     nodes x GPUs per node x micro batch x gradient accumulation = 4 x 8 x 8 x 1 = 256.
-# Generator and discriminator run in one forward, so memory per sequence is ~1.3x BERT-base's; 8 x 512 per GPU
-# fits easily. 2 nodes -> accumulation 2, 1 node -> 4. 766K steps at ~0.35 s/step on 4 x 8 A100 is ~3 days; the
-# 48 h limit checkpoints and requeues. After training, export the discriminator with trainer/export_hf.py.
+#     nodes x GPUs per node x micro batch x gradient accumulation = 1 x 8 x 32 x 1 = 256.
+# One node is the paper's scale (16 TPU chips); 766K steps at ~0.3 s/step on 8 A100s is ~2.7 days, so the 48 h
+# limit checkpoints and requeues once. More nodes need a smaller micro batch, because 256 must divide evenly:
+# 2 nodes with EXTRA_SETS=train.micro_batch_size=16, 4 nodes with 8. Generator and discriminator run in one forward
+# (~1.3x BERT-base's memory per sequence). After training, export the discriminator with trainer/export_hf.py.
 #
 # Overrides: environment variables (see slurm/common.sh) and sbatch flags, e.g.
-#   RUN_DIR=runs/electra-b DATA_PREFIX=data/owt sbatch --nodes=2 slurm/electra_base.sh
+#   RUN_DIR=runs/electra-b DATA_PREFIX=data/owt sbatch slurm/electra_base.sh
+#   EXTRA_SETS=train.micro_batch_size=16 sbatch --nodes=2 slurm/electra_base.sh
 #SBATCH --job-name=electra-base
-#SBATCH --nodes=4
+#SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
 #SBATCH --exclusive
