@@ -101,7 +101,8 @@ def micro_batch(step: int, micro: int, rank: int, world: int, grad_acc: int):
     return ids[rows], targets[rows]
 
 
-def _ds_config(stage: int, world: int, grad_acc: int, universal: bool = False, bf16: bool = False) -> dict:
+def _ds_config(stage: int, world: int, grad_acc: int, universal: bool = False, bf16: bool = False,
+               offload: bool = False) -> dict:
     cfg = {
         "train_batch_size": GLOBAL_BATCH,
         "gradient_accumulation_steps": grad_acc,
@@ -113,6 +114,10 @@ def _ds_config(stage: int, world: int, grad_acc: int, universal: bool = False, b
     }
     if universal:
         cfg["checkpoint"] = {"load_universal": True}
+    if offload:
+        # ZeRO-Offload with a client optimizer: DeepSpeed steps it on the CPU copies of the fp32 partitions.
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+        cfg["zero_force_ds_cpu_optimizer"] = False
     if bf16:
         # fp32 gradient accumulation makes ZeRO-1 use DeepSpeed's BF16_Optimizer, the other flat-partition wrapper.
         cfg["bf16"] = {"enabled": True}
@@ -121,7 +126,7 @@ def _ds_config(stage: int, world: int, grad_acc: int, universal: bool = False, b
 
 
 def _engine(stage: int, world: int, bind: bool, grad_acc: int = GRAD_ACC, universal: bool = False,
-            bf16: bool = False):
+            bf16: bool = False, offload: bool = False):
     import deepspeed
 
     from trainer.optim.lamb import Lamb, bind_zero_layout
@@ -129,7 +134,8 @@ def _engine(stage: int, world: int, bind: bool, grad_acc: int = GRAD_ACC, univer
 
     model = make_model()
     opt = Lamb(param_groups(model, HP["weight_decay"], mark_trust_ratio=True), **HP)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=_ds_config(stage, world, grad_acc, universal, bf16))
+    config = _ds_config(stage, world, grad_acc, universal, bf16, offload)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     if bind:
         bind_zero_layout(engine)
     return engine
@@ -204,6 +210,7 @@ def main(argv=None) -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="stand-in")
     parser.add_argument("--stages", default="0,1,2,3", help="ZeRO stages to train with the bound (correct) Lamb")
     parser.add_argument("--naive", default="", help="stages to also train without bind_zero_layout")
+    parser.add_argument("--offload", default="", help="stages to also train with the optimizer offloaded to cpu")
     parser.add_argument("--bf16", default="", help="stages to train in bf16, bound and naive")
     parser.add_argument("--resume-dir", help="ZeRO-2: save at step 10, resume into a new engine, finish at 20")
     parser.add_argument("--load-universal", help="ZeRO-2: load DIR/global_step10_universal, finish at 20")
@@ -226,6 +233,10 @@ def main(argv=None) -> None:
         _train(engine, range(STEPS), rank, world)
         results[f"naive{stage}"] = {"params": _full_params(engine, stage)}
 
+    for stage in [int(s) for s in args.offload.split(",") if s]:
+        engine = _engine(stage, world, bind=True, offload=True)
+        _train(engine, range(STEPS), rank, world)
+        results[f"offload{stage}"] = {"params": _full_params(engine, stage)}
     for stage in [int(s) for s in args.bf16.split(",") if s]:
         for bind in (True, False):
             results[f"bf16_{'zero' if bind else 'naive'}{stage}"] = _bf16_step(stage, world, rank, bind)

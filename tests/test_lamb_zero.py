@@ -1,5 +1,6 @@
 """Lamb under DeepSpeed ZeRO 0-3 on 1, 2 and 4 gloo ranks equals a float64, unpartitioned reference LAMB.
 
+On 2 ranks also ZeRO 2 and 3 with the optimizer offloaded to cpu, and the real encoder (tiny-albert) at ZeRO 2 and 3.
 One torchrun per world size (tests/lamb_zero_worker.py trains every stage in turn and writes the final parameters);
 the reference is ``test_lamb.reference_lamb`` run here on the same model, data, gradient clipping and global batch.
 Also: the same optimizer without ``bind_zero_layout`` (a naive per-partition LAMB) fails the comparison; in bf16
@@ -75,7 +76,7 @@ def runs(tmp_path_factory):
     """Results per world size, launched on first use (so `-k world4` starts only the 4-rank job)."""
     cache, root = {}, tmp_path_factory.mktemp("lamb_zero")
     args = {1: ["--naive", "2"],
-            2: ["--naive", "2", "--resume-dir", str(root / "ckpt"), "--bf16", "1,2,3"],
+            2: ["--naive", "2", "--resume-dir", str(root / "ckpt"), "--bf16", "1,2,3", "--offload", "2,3"],
             4: ["--naive", "1,3"]}
 
     def get(world: int) -> dict:
@@ -120,6 +121,9 @@ def test_lamb_zero_stages_on_one_rank_match_reference(runs, reference):
 def test_lamb_zero_stages_on_two_ranks_match_reference(runs, reference):
     results = _check_world(runs, reference, 2)
     assert results["zero1"]["cut_on_rank0"] > 0 and results["zero2"]["cut_on_rank0"] > 0
+    for stage in (2, 3):  # ZeRO-Offload: DeepSpeed steps Lamb on the CPU copies of the partitions
+        diff = _max_diff(results[f"offload{stage}"]["params"], reference)
+        assert diff < ATOL, f"ZeRO-{stage} with optimizer offload on 2 ranks: max |ours - reference| = {diff:.2e}"
 
 
 @pytest.mark.slow

@@ -144,16 +144,22 @@ class Lamb(torch.optim.Optimizer):
         torch._foreach_mul_(exp_avg_sqs, beta2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
 
+        # u = m_hat / (sqrt(v_hat) + eps) + wd * w, rewritten so bias correction costs no pass of its own:
+        # m_hat / (sqrt(v_hat) + eps) = m * (sqrt(bc2) / bc1) / (sqrt(v) + eps * sqrt(bc2)).
+        if group["bias_correction"]:
+            sqrt_bc2 = [math.sqrt(1.0 - beta2 ** t) for t in steps]
+            step_scale = [b / (1.0 - beta1 ** t) for b, t in zip(sqrt_bc2, steps)]
+            eps = [group["eps"] * b for b in sqrt_bc2]
+        else:
+            step_scale, eps = [1.0] * len(params), [group["eps"]] * len(params)
         denom = torch._foreach_sqrt(exp_avg_sqs)
-        if group["bias_correction"]:
-            # Per-tensor scalars: tensors of one group normally share a step, but a resumed run need not.
-            torch._foreach_div_(denom, [math.sqrt(1.0 - beta2 ** t) for t in steps])
-        torch._foreach_add_(denom, group["eps"])
-        updates = torch._foreach_div(exp_avgs, denom)
-        if group["bias_correction"]:
-            torch._foreach_div_(updates, [1.0 - beta1 ** t for t in steps])
+        torch._foreach_add_(denom, eps)
         if group["weight_decay"] != 0:
-            torch._foreach_add_(updates, params, alpha=group["weight_decay"])
+            updates = torch._foreach_mul(params, group["weight_decay"])
+            torch._foreach_addcdiv_(updates, exp_avgs, denom, step_scale)
+        else:
+            updates = torch._foreach_div(exp_avgs, denom)
+            torch._foreach_mul_(updates, step_scale)
         return updates
 
     @staticmethod

@@ -87,7 +87,8 @@ def _stage3_layout(wrapper, lamb: Lamb, names: dict[int, str]) -> PartitionLayou
         if lamb.param_groups[wrapper.sub_group_to_group_id[k]]["exclude_from_trust_ratio"]:
             continue
         if flat.numel() == 0:
-            raise NotImplementedError("Lamb under ZeRO-3: optimizer state swapped to NVMe is not supported")
+            raise NotImplementedError(f"Lamb under ZeRO-3: sub-group {k}'s fp32 partition is swapped out (NVMe); "
+                                      "not supported")
         pieces, offset = [], 0
         for j, p in enumerate(params):
             piece = p.partition_numel()
@@ -116,9 +117,9 @@ def bind_zero_layout(engine) -> PartitionLayout | None:
         raise TypeError(f"bind_zero_layout: the engine's optimizer is {type(lamb).__name__}, not Lamb")
     names = _names(engine)
     if isinstance(wrapper, DeepSpeedZeroOptimizer_Stage3):
-        if getattr(wrapper, "offload_optimizer", False):
-            raise NotImplementedError("Lamb under ZeRO-3 with optimizer offload is not supported (DeepSpeed steps "
-                                      "offloaded sub-groups through its own CPU optimizer)")
+        if getattr(wrapper, "swap_optimizer", False):
+            raise NotImplementedError("Lamb under ZeRO-3 with optimizer state on NVMe is not supported (the fp32 "
+                                      "partitions are swapped out between steps); offload to cpu instead")
         layout = _stage3_layout(wrapper, lamb, names)
     elif isinstance(wrapper, DeepSpeedZeroOptimizer):
         layout = _fragment_layout(wrapper, wrapper.bit16_groups, wrapper.single_partition_of_fp32_groups, lamb, names)
