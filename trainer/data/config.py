@@ -5,9 +5,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-FORMATS = ("segment-pair", "sentence-pair", "full-sentences", "doc-sentences", "sop-pair")
-PAIR_FORMATS = ("segment-pair", "sentence-pair", "sop-pair")
-
 
 class MaskingConfig(BaseModel):
     """Which tokens are predicted and how they are corrupted (BERT 15 % with 80/10/10 by default)."""
@@ -78,6 +75,3 @@ class DataConfig(BaseModel):
     """where derived index arrays are cached (.npy); default: an ``index_cache`` folder beside the first manifest"""
     blend_period: int = Field(1_000_000, ge=1)
     """blending pattern length: weights are met exactly within each period of this many samples"""
-
-    def pair_format(self) -> bool:
-        return self.format in PAIR_FORMATS
