@@ -249,3 +249,45 @@ def test_fused_layer_norm_swap_is_a_no_op_on_cpu():
     before = sum(isinstance(m, nn.LayerNorm) for m in model.modules())
     assert fuse_layer_norms(model) == 0
     assert sum(isinstance(m, nn.LayerNorm) for m in model.modules()) == before
+
+
+# ------------------------------------------------------------------------------------------- packed samples
+def test_pack_positions_and_sequences():
+    cfg = get_preset("tiny-roberta")
+    pack_ids = torch.tensor([[1, 1, 1, 2, 2, 0], [1, 2, 3, 3, 0, 0]])
+    assert Encoder(cfg).position_ids(pack_ids, None, pack_ids).tolist() == [[2, 3, 4, 2, 3, 1], [2, 2, 2, 3, 1, 1]]
+    assert Encoder(get_preset("tiny")).position_ids(pack_ids, None, pack_ids)[0].tolist() == [0, 1, 2, 0, 1, 0]
+    packing = pack((pack_ids != 0).long(), pack_ids)
+    assert packing.cu_seqlens.tolist() == [0, 3, 5, 6, 7, 9] and packing.max_seqlen == 3
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-roberta"])
+@pytest.mark.parametrize("unpad", [False, True])
+def test_packed_row_gives_each_sample_its_own_hidden_states(name, unpad):
+    cfg = no_dropout(name, unpad=unpad)
+    enc = Encoder(cfg).eval()
+    g = torch.Generator().manual_seed(3)
+    samples = [torch.randint(5, cfg.vocab_size, (n,), generator=g) for n in (5, 3, 6, 2)]
+    # row 0: samples 0 and 1 then padding; row 1: samples 2 and 3, full
+    ids = torch.full((2, 8), cfg.pad_token_id)
+    pack_ids = torch.zeros(2, 8, dtype=torch.long)
+    ids[0, :5], ids[0, 5:8], ids[1, :6], ids[1, 6:8] = samples
+    pack_ids[0, :5], pack_ids[0, 5:8], pack_ids[1, :6], pack_ids[1, 6:8] = 1, 2, 1, 2
+    ids[0, 7] = cfg.pad_token_id
+    pack_ids[0, 7] = 0
+    samples[1] = samples[1][:2]
+    spans = [(0, 0, 5), (0, 5, 7), (1, 0, 6), (1, 6, 8)]
+    with torch.no_grad():
+        packed = enc(ids, pack_ids=pack_ids)
+        for sample, (row, start, end) in zip(samples, spans):
+            alone = enc(sample[None], torch.ones(1, end - start, dtype=torch.long))
+            torch.testing.assert_close(packed[row, start:end], alone[0], rtol=0, atol=2e-5)
+
+
+def test_varlen_methods_agree_on_packed_samples():
+    torch.manual_seed(0)
+    pack_ids = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 2, 3]])
+    packing = pack((pack_ids != 0).long(), pack_ids)
+    qkv = torch.randn(int((pack_ids != 0).sum()), 3, 2, 8)
+    torch.testing.assert_close(varlen_attention(qkv, packing, method="nested"),
+                               varlen_attention(qkv, packing, method="padded"), rtol=0, atol=1e-6)

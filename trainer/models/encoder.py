@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainer.models.config import ModelConfig
-from trainer.models.kernels import Packing, pack, varlen_attention
+from trainer.models.kernels import Packing, block_mask, pack, varlen_attention
 
 
 def activation_fn(name: str):
@@ -108,10 +108,14 @@ class FeedForward(nn.Module):
 
 
 class Encoder(nn.Module):
-    """``Encoder(cfg)(input_ids, attention_mask=None, token_type_ids=None, extra_ids=None) -> hidden [B, T, H]``.
+    """``Encoder(cfg)(input_ids, attention_mask=None, token_type_ids=None, extra_ids=None, pack_ids=None)
+    -> hidden [B, T, H]``.
 
     ``attention_mask`` is 1 for real tokens and 0 for padding; None means no padding (and skips the mask entirely,
     which lets SDPA pick its fastest kernel). With ``cfg.unpad`` and a mask, hidden states at padding are 0.
+    ``pack_ids`` [B, T] (1, 2, ... per packed sample, 0 = padding; DESIGN.md "Batches") makes each packed sample
+    attend only to itself and restart its positions, so a packed row gives each sample the hidden states it would
+    have alone; it implies the attention mask.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -131,9 +135,18 @@ class Encoder(nn.Module):
         """The (attention, feed-forward) modules layer i applies; shared modules are the same objects."""
         return self.attention[i if len(self.attention) > 1 else 0], self.ffn[i if len(self.ffn) > 1 else 0]
 
-    def position_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def position_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                     pack_ids: torch.Tensor | None = None) -> torch.Tensor:
         seqlen = input_ids.shape[1]
         offset = self.cfg.position_offset
+        if pack_ids is not None:
+            # Index within the packed sample: t minus the index where its run of equal pack ids starts.
+            # Example: pack_ids [1,1,1,2,2,0] -> [0,1,2,0,1,0] (+ offset; padding sits at max(offset - 1, 0)).
+            t = torch.arange(seqlen, device=input_ids.device).expand_as(pack_ids)
+            starts = torch.ones_like(pack_ids, dtype=torch.bool)
+            starts[:, 1:] = pack_ids[:, 1:] != pack_ids[:, :-1]
+            within = t - torch.where(starts, t, torch.zeros_like(t)).cummax(dim=1).values
+            return torch.where(pack_ids != 0, within + offset, max(offset - 1, 0))
         if offset == 0 or attention_mask is None:
             return torch.arange(offset, offset + seqlen, device=input_ids.device).unsqueeze(0)
         # RoBERTa/fairseq: real tokens count up from offset, padding sits at offset - 1 (= pad_token_id), exactly as
@@ -141,20 +154,27 @@ class Encoder(nn.Module):
         mask = attention_mask.long()
         return torch.cumsum(mask, dim=1) * mask + (offset - 1)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, extra_ids=None) -> torch.Tensor:
-        x = self.embeddings(input_ids, self.position_ids(input_ids, attention_mask), token_type_ids, extra_ids)
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, extra_ids=None, pack_ids=None
+                ) -> torch.Tensor:
+        if pack_ids is not None:
+            attention_mask = (pack_ids != 0).long()
+        positions = self.position_ids(input_ids, attention_mask, pack_ids)
+        x = self.embeddings(input_ids, positions, token_type_ids, extra_ids)
         if self.project is not None:
             x = self.project(x)
         if self.cfg.unpad and attention_mask is not None:
-            return self._forward_unpadded(x, attention_mask)
-        key_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+            return self._forward_unpadded(x, attention_mask, pack_ids)
+        if pack_ids is not None:
+            key_mask = block_mask(pack_ids)
+        else:
+            key_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         for i in range(self.cfg.num_layers):
             x = self._run_layer(i, x, key_mask, packed=False)
         return x
 
-    def _forward_unpadded(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def _forward_unpadded(self, x: torch.Tensor, attention_mask: torch.Tensor, pack_ids=None) -> torch.Tensor:
         batch, seqlen, width = x.shape
-        packing = pack(attention_mask)
+        packing = pack(attention_mask, pack_ids)
         packed = x.reshape(batch * seqlen, width).index_select(0, packing.indices)
         for i in range(self.cfg.num_layers):
             packed = self._run_layer(i, packed, packing, packed=True)

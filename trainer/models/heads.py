@@ -97,7 +97,8 @@ def build_head(cfg: ModelConfig, spec: HeadSpec, encoder: Encoder) -> nn.Module:
 class PretrainingModel(nn.Module):
     """``PretrainingModel(cfg, heads)``: the encoder and the heads an objective declared.
 
-    ``forward(input_ids, attention_mask=None, token_type_ids=None, extra_ids=None, mlm_positions=None)`` returns
+    ``forward(input_ids, attention_mask=None, token_type_ids=None, extra_ids=None, mlm_positions=None,
+    pack_ids=None)`` returns
     ``{"hidden": [B, T, H], <head name>: logits}``: an 'mlm' head gives [N, V] at ``mlm_positions`` (flat indices
     into B*T, see ``flat_positions``; all positions [B, T, V] when None), a 'sequence' head [B, num_labels], a
     'token' head [B, T, num_labels]. One forward call computes everything, so a DeepSpeed engine can wrap it.
@@ -110,8 +111,9 @@ class PretrainingModel(nn.Module):
         self.encoder = encoder if encoder is not None else Encoder(cfg)
         self.heads = nn.ModuleDict({name: build_head(cfg, spec, self.encoder) for name, spec in heads.items()})
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, extra_ids=None, mlm_positions=None):
-        hidden = self.encoder(input_ids, attention_mask, token_type_ids, extra_ids)
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, extra_ids=None, mlm_positions=None,
+                pack_ids=None):
+        hidden = self.encoder(input_ids, attention_mask, token_type_ids, extra_ids, pack_ids=pack_ids)
         out = {"hidden": hidden}
         for name, head in self.heads.items():
             out[name] = head(hidden, mlm_positions) if self.head_specs[name].kind == "mlm" else head(hidden)

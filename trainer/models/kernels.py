@@ -27,27 +27,45 @@ class Packing:
     indices: torch.Tensor
     """Flat positions (into B*T) of the real tokens, row-major, [N]."""
     cu_seqlens: torch.Tensor
-    """Cumulative sequence lengths, int32 [B + 1]: sequence b is packed rows cu_seqlens[b]:cu_seqlens[b+1]."""
+    """Cumulative sequence lengths, int32 [S + 1]: sequence s is packed rows cu_seqlens[s]:cu_seqlens[s+1]. One
+    sequence per row, or one per packed sample when the batch carries pack_ids."""
     max_seqlen: int
     batch: int
     seqlen: int
     key_mask: torch.Tensor
-    """[B, 1, 1, T] bool, True where a key is a real token (for the padded fallback)."""
+    """The dense equivalent for the padded fallback: [B, 1, 1, T] (True = real key) or, with pack_ids, the
+    block-diagonal [B, 1, T, T] of block_mask."""
 
 
-def pack(attention_mask: torch.Tensor) -> Packing:
-    """Packing for a right- or arbitrarily-padded mask (1 real, 0 pad).
+def block_mask(pack_ids: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, T] bool attention mask for rows holding several packed samples (pack id 1, 2, ...; 0 = padding):
+    a real query sees the keys of its own sample only; a padding query sees every real key of its row (its output is
+    never used, and a query with no visible key would give NaN). Costs B*T*T bytes (2 MB at 8 x 512)."""
+    real_key = (pack_ids != 0)[:, None, :]
+    query = pack_ids[:, :, None]
+    return ((query == pack_ids[:, None, :]) & real_key | (query == 0) & real_key)[:, None]
 
-    Example: mask [[1,1,0],[1,0,0]] -> indices [0,1,3], cu_seqlens [0,2,3], max_seqlen 2. Note: max_seqlen and the
-    nonzero() call are device->host syncs (one per forward, not per layer).
+
+def pack(attention_mask: torch.Tensor, pack_ids: torch.Tensor | None = None) -> Packing:
+    """Packing for a padded mask (1 real, 0 pad), optionally with packed samples inside rows (``pack_ids``).
+
+    Example: mask [[1,1,0],[1,0,0]] -> indices [0,1,3], cu_seqlens [0,2,3], max_seqlen 2; with pack_ids
+    [[1,2,0],[1,0,0]] -> cu_seqlens [0,1,2,3]. max_seqlen and nonzero() are device->host syncs (once per forward).
     """
     mask = attention_mask.bool()
     batch, seqlen = mask.shape
-    lengths = mask.sum(dim=1, dtype=torch.int32)
-    cu_seqlens = F.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
     indices = torch.nonzero(mask.reshape(-1), as_tuple=False).flatten()
-    return Packing(indices=indices, cu_seqlens=cu_seqlens, max_seqlen=int(lengths.max()), batch=batch,
-                   seqlen=seqlen, key_mask=mask[:, None, None, :])
+    rows = torch.div(indices, seqlen, rounding_mode="floor")
+    starts = torch.ones_like(indices, dtype=torch.bool)
+    starts[1:] = rows[1:] != rows[:-1]
+    if pack_ids is not None:
+        ids = pack_ids.reshape(-1)[indices]
+        starts[1:] |= ids[1:] != ids[:-1]
+    bounds = torch.nonzero(starts, as_tuple=False).flatten()
+    cu_seqlens = torch.cat([bounds, bounds.new_tensor([indices.numel()])]).to(torch.int32)
+    key_mask = block_mask(pack_ids) if pack_ids is not None else mask[:, None, None, :]
+    return Packing(indices=indices, cu_seqlens=cu_seqlens, max_seqlen=int((cu_seqlens[1:] - cu_seqlens[:-1]).max()),
+                   batch=batch, seqlen=seqlen, key_mask=key_mask)
 
 
 def _flash_attn():
