@@ -120,8 +120,9 @@ bf_sets() {
 (prepare the corpus with slurm/build_indexed.sh or data_prep/build_indexed.py first)"
         BF_SETS+=(--set "data.corpora=[{prefix: $DATA_PREFIX}]")
     fi
-    local kv
-    for kv in ${EXTRA_SETS:-}; do
+    local kv words
+    read -r -a words <<<"${EXTRA_SETS:-}"  # split on whitespace without globbing ("optim.betas=[0.9,0.98]")
+    for kv in ${words[@]+"${words[@]}"}; do  # (the +-form: bash < 4.4 calls an empty array unbound under set -u)
         case "$kv" in *=*) ;; *) bf_die "EXTRA_SETS: '$kv' is not KEY=VALUE (e.g. EXTRA_SETS='optim.lr=2e-4')";; esac
         BF_SETS+=(--set "$kv")
     done
@@ -228,8 +229,13 @@ bf_check_launch() {
     fi
     {
         echo "bertfamily: TRAINING FAILED: srun exit status $BF_RC (trainer status: ${status:-none})."
-        echo "  A node or rank died, or the rendezvous timed out (RDZV_TIMEOUT=${RDZV_TIMEOUT:-900} s); the srun errors"
-        echo "  above name the first failing node; its ranks' output is in $BF_LOG_DIR/node<N>/."
+        case "$status" in
+            nonfinite) echo "  The NaN/Inf guard stopped the run: the trainer's message above names the step, the" \
+                            "losses and what to try (resuming unchanged will likely stop there again).";;
+            *) echo "  A rank raised an error ('training failed' traceback above), a node or rank died, or the" \
+                    "rendezvous timed out (RDZV_TIMEOUT=${RDZV_TIMEOUT:-900} s).";;
+        esac
+        echo "  The srun errors above name the first failing node; its ranks' output is in $BF_LOG_DIR/node<N>/."
         echo "  Last complete checkpoint: $(bf_latest_checkpoint)"
         echo "  To resume, submit the same command again (same RUN_DIR): the trainer restarts from it (--resume auto)."
     } >&2
