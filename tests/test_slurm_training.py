@@ -6,7 +6,8 @@ running one gloo rank on CPU (fp32) through the template's own srun + torchrun l
 - slurm/albert_xxlarge.sh, tiny ALBERT (SOP + n-gram masking) with LAMB under ZeRO-2, with a rank killed on one
   node: the job fails within a bounded time with the template's message naming the last complete checkpoint, and
   resubmitting the same command resumes from that checkpoint;
-- slurm/bert_base.sh, both phases in one job, phase 2 starting from phase 1's weights.
+- slurm/bert_base.sh, both phases in one job, phase 2 starting from phase 1's weights, with the time-limit warning
+  (USR1 to the batch shell) in phase 1: checkpoint, self-requeue, resume.
 
 Each launch costs ~30 s here (two ranks importing torch/DeepSpeed on a shared 2-core machine), so runs are few and
 short, and every test checks all that its launches allow.
@@ -197,23 +198,32 @@ def test_albert_xxlarge_template_with_lamb_survives_a_killed_rank(slurm_cluster,
         assert run_losses[step] == pytest.approx(before[step], rel=1e-6, abs=1e-7), (step, before, run_losses)
 
 
-def test_bert_base_template_runs_both_phases(slurm_cluster, corpus, tmp_path):
-    """Phase 1 (tiny BERT, seq 32) then phase 2 (seq 64) in one job, phase 2 from phase 1's weights."""
+def test_bert_base_template_runs_both_phases_across_a_time_limit_requeue(slurm_cluster, corpus, tmp_path):
+    """Phase 1 (tiny BERT, seq 32) then phase 2 (seq 64) in one job, phase 2 from phase 1's weights. In phase 1 the
+    batch shell gets the time-limit warning (USR1, as --signal=B:USR1@600 sends it): the ranks checkpoint, the job
+    requeues itself, resumes phase 1 where it stopped and goes on to phase 2."""
     phase1 = tmp_path / "phase1.yaml"
-    phase1.write_text(yaml.safe_dump({"base": "tiny_bert", "data": {"max_seq_length": 32}}))
+    phase1.write_text(yaml.safe_dump({"base": "tiny_bert", "data": {"max_seq_length": 32}, "train": {"steps": 20}}))
     phase2 = tmp_path / "phase2.yaml"
-    phase2.write_text(yaml.safe_dump({"base": "tiny_bert", "data": {"max_seq_length": 64}}))
+    phase2.write_text(yaml.safe_dump({"base": "tiny_bert", "data": {"max_seq_length": 64}, "train": {"steps": 6}}))
     run = tmp_path / "bert"
     job = submit(slurm_cluster, "bert_base.sh", tmp_path / "bert.out", PHASE1_CONFIG=str(phase1),
                  PHASE2_CONFIG=str(phase2), DATA_PREFIX=str(corpus), RUN_DIR=str(run),
-                 EXTRA_SETS=sets(train__steps=10, checkpoint__every_steps=5, logging__every_steps=1, optim__lr=2e-3))
+                 EXTRA_SETS=sets(checkpoint__every_steps=0, logging__every_steps=1, optim__lr=2e-3))
+    wait_for_steps(run / "phase1", 2, slurm_cluster, job)
+    slurm_cluster.client("scancel", "--batch", "--signal=USR1", str(job))
+    slurm_cluster.release_requeued(job)
     text = assert_completed(slurm_cluster, job, tmp_path / "bert.out")
+    assert slurm_cluster.job(job)["Restarts"] == "1"
+    assert "received SIGUSR1" in text and f"requeueing job {job}" in text, text[-6000:]
+    (at,) = resumed_at(text)  # phase 1 resumed mid-run; phase 2 started fresh from phase 1's weights
+    assert 2 <= at < 20, text[-6000:]
     one, two = losses(run / "phase1"), losses(run / "phase2")
-    assert sorted(one) == list(range(1, 11)) and sorted(two) == list(range(1, 11)), (one, two)
-    assert latest_step(run / "phase1") == 10 and latest_step(run / "phase2") == 10
-    assert f"initialised from {run}/phase1/checkpoints/global_step10" in text, text[-5000:]
+    assert sorted(one) == list(range(1, 21)) and sorted(two) == list(range(1, 7)), (one, two)
+    assert latest_step(run / "phase1") == 20 and latest_step(run / "phase2") == 6
+    assert f"initialised from {run}/phase1/checkpoints/global_step20" in text, text[-5000:]
     for phase, seq in (("phase1", 32), ("phase2", 64)):
-        resolved = json.loads(next((run / phase / "logs").glob("job*-restart0/config.json")).read_text())
+        resolved = json.loads(next((run / phase / "logs").glob("job*-restart*/config.json")).read_text())
         assert resolved["data"]["max_seq_length"] == seq
     # Phase 2 starts from phase 1's weights, not from scratch: its first loss is well below phase 1's first (a fresh
     # tiny model starts near ln(vocab)).
