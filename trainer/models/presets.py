@@ -77,7 +77,7 @@ def _rows() -> dict[str, Preset]:
         "electra-large": Preset(_electra(1024, 24, 16, 0.25), DISCRIMINATOR_HEADS, "335M"),
         # ERNIE 1.0 (Chinese, Baidu's released ernie-1.0-base-zh: 18k character vocabulary, ReLU, 513 positions).
         "ernie-base": Preset(_bert(768, 12, 12, vocab_size=18000, max_position_embeddings=513, hidden_act="relu",
-                                   layer_norm_eps=1e-5, family="ernie"), BERT_HEADS, "110M"),
+                                   layer_norm_eps=1e-5, family="ernie"), BERT_HEADS, "BERT-base shape"),
         # ERNIE 2.0 (English base: 4 segment types, task embeddings for its 3 task types).
         "ernie2-base": Preset(_bert(768, 12, 12, type_vocab_size=4, extra_embeddings={"task": 3},
                                     family="ernie"), BERT_HEADS, "110M"),
@@ -92,11 +92,14 @@ def _rows() -> dict[str, Preset]:
         "tiny-ernie": Preset(_bert(64, 2, 4, vocab_size=1024, intermediate_size=128, extra_embeddings={"task": 3},
                                    family="ernie"), BERT_HEADS, "-"),
     }
-    for name in ("electra-small", "electra-base", "electra-large", "tiny-electra"):
-        rows[f"{name}-generator"] = Preset(generator_config(rows[name].config), GENERATOR_HEADS,
-                                           {"electra-small": "(1/4)", "electra-base": "(1/3)",
-                                            "electra-large": "(1/4)"}.get(name, "-"), role="generator")
-    return rows
+    ordered = {}
+    for name, row in rows.items():  # each ELECTRA generator listed right after its discriminator
+        ordered[name] = row
+        if row.config.family == "electra":
+            ordered[f"{name}-generator"] = Preset(generator_config(row.config), GENERATOR_HEADS,
+                                                  {"electra-small": "(1/4)", "electra-base": "(1/3)",
+                                                   "electra-large": "(1/4)"}.get(name, "-"), role="generator")
+    return ordered
 
 
 PRESET_ROWS: dict[str, Preset] = _rows()
