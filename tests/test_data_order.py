@@ -182,3 +182,9 @@ def test_build_pretraining_loader_from_config(en_prepared, en_tokenizer, tmp_pat
                                           micro_batch=4, rank=0, world_size=1, total_samples=8)
     batches = list(loader)
     assert len(batches) == 2 and set(batches[0]) >= {"input_ids", "sentence_label", "mlm_positions"}
+
+
+def test_a_corpus_prepared_with_another_vocabulary_is_refused(en_tokenizer, tmp_path):
+    prefix = write_shards([[[5, 6], [7]], [[8, 9]]], tmp_path / "other", 999)
+    with pytest.raises(ValueError, match="other.*vocabulary of 999.*tokenizer has 2000"):
+        PretrainingDataset(data_config(prefix, cache_dir=str(tmp_path)), en_tokenizer, seed=0)

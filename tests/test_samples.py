@@ -94,16 +94,30 @@ def encode_docs(tok, docs: list[list[str]]) -> list[list[list[int]]]:
     return out
 
 
+# Other test files import these fixtures, which makes each file's copy a fixture of its own; the cache below keeps
+# the work to once per session (pytest imports this module once, as `test_samples`).
+_SESSION_CACHE: dict = {}
+
+
+def _once(key, make):
+    if key not in _SESSION_CACHE:
+        _SESSION_CACHE[key] = make()
+    return _SESSION_CACHE[key]
+
+
 @pytest.fixture(scope="session")
 def en_tokenizer(en_corpus, tmp_path_factory):
-    return train_wordpiece(en_corpus, tmp_path_factory.mktemp("tok") / "wordpiece", vocab_size=2000)
+    return _once("en_tokenizer", lambda: train_wordpiece(en_corpus, tmp_path_factory.mktemp("tok") / "wordpiece",
+                                                         vocab_size=2000))
 
 
 @pytest.fixture(scope="session")
 def en_prepared(en_corpus, en_tokenizer, tmp_path_factory) -> Path:
     """The whole English corpus as 4 shards; returns the prefix."""
-    docs = encode_docs(en_tokenizer, read_documents(en_corpus))
-    return write_shards(docs, tmp_path_factory.mktemp("en") / "en", en_tokenizer.vocab_size)
+    def make():
+        docs = encode_docs(en_tokenizer, read_documents(en_corpus))
+        return write_shards(docs, tmp_path_factory.mktemp("en") / "en", en_tokenizer.vocab_size)
+    return _once("en_prepared", make)
 
 
 def data_config(prefix, **kw) -> DataConfig:
