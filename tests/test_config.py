@@ -120,7 +120,7 @@ def test_ds_config_is_filled_from_the_recipe():
     assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0 and ds["zero_optimization"]["stage"] == 1
 
 
-def test_check_flag_validates_without_launching(tmp_path):
+def test_check_flag_validates_without_launching(tmp_path, capsys):
     """`--check` and a bad config both return before deepspeed is imported or any process group exists."""
     bad = write(tmp_path, {**RAW, "optim": {"lr": -1.0}})
     code = ("import sys; sys.path.insert(0, 'tests'); from test_trainer_standin import SECTIONS, build; "
@@ -130,11 +130,10 @@ def test_check_flag_validates_without_launching(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "optim.lr: Input should be greater than 0" in proc.stderr
+    from trainer.pretrain import main
     good = write(tmp_path, RAW)
-    proc = subprocess.run([sys.executable, "-c", code, "--config", str(good), "--check", "--set", "seed=9"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert '"seed": 9' in proc.stdout
+    assert main(["--config", str(good), "--check", "--set", "seed=9"], section_models=SECTIONS) == 0
+    assert '"seed": 9' in capsys.readouterr().out
 
 
 # --- schedules ---------------------------------------------------------------------------------------------------
