@@ -174,10 +174,12 @@ def prune(root: Path, keep_last: int) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
-def needs_universal(tag_dir: Path, world_size: int) -> bool:
-    """ZeRO-partitioned optimizer state saved on another world size must go through the universal format."""
+def needs_universal(tag_dir: Path, world_size: int, zero_stage: int | None = None) -> bool:
+    """ZeRO-partitioned optimizer state saved on another world size (or ZeRO stage) must go through the universal
+    format; stage-0 checkpoints hold whole tensors and load anywhere."""
     saved = read_state(tag_dir)
-    return saved["zero_stage"] > 0 and saved["world_size"] != world_size
+    other_stage = zero_stage is not None and zero_stage != saved["zero_stage"]
+    return saved["zero_stage"] > 0 and (saved["world_size"] != world_size or other_stage)
 
 
 def prepare_universal(tag_dir: Path, rank: int) -> Path:

@@ -99,31 +99,36 @@ class Trainer:
 
     def train_step(self, batches: Iterator[dict]) -> StepResult:
         start = time.perf_counter()
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        device = self.engine.device
+        # Sums stay on the device until the one all-reduce below: no host sync per micro-batch.
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         metric_sums: dict[str, torch.Tensor] = {}
-        tokens = 0
+        tokens = torch.zeros((), dtype=torch.float64, device=device)
         for _ in range(self.grad_accum):
-            batch = _to_device(next(batches), self.engine.device)
-            tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+            batch = _to_device(next(batches), device)
+            mask = batch.get("attention_mask")
+            tokens += mask.sum() if mask is not None else batch["input_ids"].numel()
             loss, metrics = self.engine(self.comps.loss, batch)
             self.engine.backward(loss)
             self.engine.step()  # DeepSpeed applies the update only at the accumulation boundary
-            loss_sum += loss.detach().double().cpu()
+            loss_sum += loss.detach().double()
             for k, v in metrics.items():
-                metric_sums[k] = metric_sums.get(k, 0.0) + torch.as_tensor(v).detach().double().cpu()
+                metric_sums[k] = metric_sums.get(k, 0.0) + torch.as_tensor(v, device=device).detach().double()
         keys = sorted(metric_sums)
-        # One collective for everything the ranks must agree on. note: a CPU-device sync point.
-        packed = torch.stack([loss_sum, *(metric_sums[k] for k in keys), torch.tensor(float(tokens), dtype=torch.float64),
-                              torch.tensor(float(not self.engine.step_applied()), dtype=torch.float64),
-                              torch.tensor(float(self.preempt.requested), dtype=torch.float64)])
+        flags = torch.tensor([float(not self.engine.step_applied()), float(self.preempt.requested)],
+                             dtype=torch.float64, device=device)
+        # One collective for everything the ranks must agree on (on the device: NCCL reduces only device tensors).
+        # note: the .tolist() below is the step's one device-to-host sync point.
+        packed = torch.cat([torch.stack([loss_sum, *(metric_sums[k] for k in keys), tokens]), flags])
         if dist.is_initialized() and self.world_size > 1:
             dist.all_reduce(packed)
+        values = packed.tolist()
         n = self.grad_accum * self.world_size
-        loss = float(packed[0]) / n
-        metrics = {k: float(packed[1 + i]) / n for i, k in enumerate(keys)}
-        skipped = packed[-2] > 0 or not math.isfinite(loss)
-        return StepResult(loss=loss, metrics=metrics, tokens=int(packed[-3]), nonfinite=bool(skipped),
-                          preempt=bool(packed[-1] > 0), seconds=time.perf_counter() - start)
+        loss = values[0] / n
+        metrics = {k: values[1 + i] / n for i, k in enumerate(keys)}
+        skipped = values[-2] > 0 or not math.isfinite(loss)
+        return StepResult(loss=loss, metrics=metrics, tokens=int(values[-3]), nonfinite=bool(skipped),
+                          preempt=values[-1] > 0, seconds=time.perf_counter() - start)
 
     # --- evaluation ---------------------------------------------------------------------------------------------
 
@@ -137,14 +142,16 @@ class Trainer:
                 break
             loss, metrics = self.engine(self.comps.loss, _to_device(batch, self.engine.device))
             for k, v in {"loss": loss, **metrics}.items():
-                sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).double().cpu()
+                sums[k] = sums.get(k, 0.0) + torch.as_tensor(v, device=self.engine.device).double()
             count += 1
         self.engine.train(True)
         keys = sorted(sums)
-        packed = torch.stack([*(sums[k] for k in keys), torch.tensor(float(count), dtype=torch.float64)])
+        count_t = torch.tensor(float(count), dtype=torch.float64, device=self.engine.device)
+        packed = torch.stack([*(sums[k] for k in keys), count_t])
         if dist.is_initialized() and self.world_size > 1:
             dist.all_reduce(packed)
-        return {k: float(packed[i] / packed[-1]) for i, k in enumerate(keys)}
+        values = packed.tolist()
+        return {k: values[i] / values[-1] for i, k in enumerate(keys)}
 
     # --- the run ------------------------------------------------------------------------------------------------
 

@@ -106,9 +106,11 @@ def run(args, cfg, components_factory: Callable) -> int:
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     root = checkpoint_dir(cfg)
     resume_dir = checkpoint.resolve_resume(root, args.resume)
-    universal = resume_dir is not None and checkpoint.needs_universal(resume_dir, world_size)
+    stage = ds.build_ds_config(cfg, world_size, grad_accum)["zero_optimization"].get("stage", 0)
+    universal = resume_dir is not None and checkpoint.needs_universal(resume_dir, world_size, stage)
     if universal:
-        print0(f"resume: {resume_dir.name} was saved on {checkpoint.read_state(resume_dir)['world_size']} ranks; "
+        saved = checkpoint.read_state(resume_dir)
+        print0(f"resume: {resume_dir.name} was saved on {saved['world_size']} ranks at ZeRO-{saved['zero_stage']}; "
                f"converting to DeepSpeed's universal checkpoint for {world_size}")
         uni = checkpoint.prepare_universal(resume_dir, rank)
         load_root, load_tag = uni.parent, uni.name
