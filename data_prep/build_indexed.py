@@ -528,8 +528,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--split-sentences", action="store_true", help="one sequence per sentence (data_prep/sentences.py)")
     ap.add_argument("--chunk-size-mb", type=float, default=256, help="input bytes per piece of work")
     ap.add_argument("--shard-size-mb", type=float, default=512, help="largest .bin of a shard")
-    ap.add_argument("--shard-sequences", type=int, default=4_000_000, help="most sequences in a shard (bounds "
-                    "the memory of megatron's .idx finalize: ~150 bytes per sequence)")
+    ap.add_argument("--shard-sequences", type=int, default=1_000_000, help="most sequences in a shard (bounds "
+                    "the memory of megatron's builder and .idx finalize: ~100 bytes per sequence)")
     ap.add_argument("--max-line-mb", type=float, default=sources.MAX_LINE_BYTES / 2**20,
                     help="longer lines are skipped and counted")
     ap.add_argument("--max-document-mb", type=float, default=sources.MAX_DOCUMENT_BYTES / 2**20,
