@@ -154,6 +154,22 @@ def test_roberta_large_template_trains_and_a_preempted_run_resumes_to_the_same_l
         assert resumed[step] == pytest.approx(reference[step], rel=1e-6, abs=1e-7), (step, resumed, reference)
 
 
+def test_bad_settings_fail_before_any_node_starts(slurm_cluster, corpus, tmp_path):
+    """A misspelt key or a missing corpus ends the job on the batch host with a message naming it; no rank runs."""
+    job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "key.out", CONFIG="tiny_roberta",
+                 DATA_PREFIX=str(corpus), RUN_DIR=str(tmp_path / "key"), EXTRA_SETS="optim.lrr=1e-3")
+    info = slurm_cluster.wait_job(job, JOB_TIMEOUT)
+    text = (tmp_path / "key.out").read_text()
+    assert info["JobState"] == "FAILED" and "optim.lrr" in text and "nothing was launched" in text, text
+    assert not list((tmp_path / "key").glob("logs/*/node*")), "a rank was started"
+
+    job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "data.out", CONFIG="tiny_roberta",
+                 DATA_PREFIX=str(tmp_path / "nowhere" / "corpus"), RUN_DIR=str(tmp_path / "data"))
+    info = slurm_cluster.wait_job(job, JOB_TIMEOUT)
+    text = (tmp_path / "data.out").read_text()
+    assert info["JobState"] == "FAILED" and f"no {tmp_path}/nowhere/corpus.manifest.json" in text, text
+
+
 def test_albert_xxlarge_template_with_lamb_survives_a_killed_rank(slurm_cluster, corpus, tmp_path):
     """Tiny ALBERT (SOP + n-gram masking, LAMB under ZeRO-2). One node's rank is killed: the job fails within a
     bounded time with the template's message naming the last complete checkpoint; resubmitting the same command
