@@ -11,14 +11,14 @@ communication and memory the ZeRO layout binding adds. Every figure is a ratio a
 3. ``comm``: bytes Lamb all-reduces per engine step (one ``[2, tensors + 1]`` fp32 tensor) against the bytes of the
    model's fp32 gradient all-reduce, for several presets (counted on the meta device, nothing allocated).
 
-Medians over ``--steps`` timed steps after 2 warm-up steps; Lamb and AdamW alternate so that load drift hits both.
+Best (minimum) of ``--steps`` timed steps after 2 warm-up steps, the figure least disturbed by other jobs on a shared
+machine; Lamb and AdamW alternate step by step so that load drift hits both.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import socket
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -51,16 +51,6 @@ class _MlmLoss(nn.Module):
         return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.roll(1, dims=1).reshape(-1))
 
 
-def _median_ms(fn, steps: int) -> float:
-    times = []
-    for i in range(steps + 2):
-        start = time.perf_counter()
-        fn()
-        if i >= 2:
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def bench_step(preset: str, steps: int) -> dict[str, float]:
     model = _model(preset)
     params = [p for p in model.parameters()]
@@ -88,9 +78,13 @@ def bench_step(preset: str, steps: int) -> dict[str, float]:
              ("flat_lamb_bound", flat_lamb.step)]
     for name, fn in pairs:  # state allocation happens in the first call: keep it out of the timing
         fn()
-    for _ in range(2):  # two rounds, alternating, keeping each one's best median
+    times = {name: [] for name, _ in pairs}
+    for _ in range(steps):  # alternate step by step so load drift hits every variant alike
         for name, fn in pairs:
-            out[name] = min(out.get(name, float("inf")), _median_ms(fn, steps))
+            start = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    out.update({name: min(t) for name, t in times.items()})
     return out
 
 
@@ -139,7 +133,7 @@ def bench_engine(preset: str, stage: int, steps: int) -> dict[str, dict[str, flo
             if i >= 2:
                 times[name]["train_step"].append((end - start) * 1e3)
                 times[name]["engine_step"].append((end - mid) * 1e3)
-    return {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
+    return {name: {k: min(v) for k, v in t.items()} for name, t in times.items()}
 
 
 def comm_table(presets: list[str]) -> list[dict]:
