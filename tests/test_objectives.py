@@ -76,13 +76,42 @@ def test_losses_match_a_direct_computation(name, fmt, preset, split_corpus, en_t
     assert all(p.grad is not None for p in model.heads.parameters())
 
 
-def test_packed_batches_are_refused(en_tokenizer):
-    batch = {"input_ids": torch.zeros(1, 4, dtype=torch.long), "attention_mask": torch.ones(1, 4, dtype=torch.long),
-             "pack_ids": torch.ones(1, 4, dtype=torch.long), "mlm_positions": torch.zeros(1, 1, dtype=torch.long),
-             "mlm_labels": torch.full((1, 1), -100)}
-    objective = get_objective({"name": "mlm"})
-    with pytest.raises(ValueError, match="pack_doc_sentences"):
-        objective.loss(objective.build_model(_model_cfg("tiny", en_tokenizer)), batch)
+def _unpack(batch):
+    """The samples of a packed batch, one per row, as the collator would batch them unpacked."""
+    samples = []
+    for r in range(batch["input_ids"].shape[0]):
+        pack = batch["pack_ids"][r]
+        keep = batch["mlm_labels"][r] != -100
+        pos, lab = batch["mlm_positions"][r][keep], batch["mlm_labels"][r][keep]
+        for k in range(1, int(pack.max()) + 1):
+            cols = (pack == k).nonzero().squeeze(1)
+            lo, hi = int(cols[0]), int(cols[-1]) + 1
+            inside = (pos >= lo) & (pos < hi)
+            samples.append({"input_ids": batch["input_ids"][r, lo:hi].numpy(),
+                            "token_type_ids": batch["token_type_ids"][r, lo:hi].numpy(),
+                            "mlm_positions": (pos[inside] - lo).numpy(), "mlm_labels": lab[inside].numpy()})
+    return samples
+
+
+@pytest.mark.parametrize("name,preset", [("mlm", "tiny-roberta"), ("electra", "tiny-electra")])
+def test_packed_doc_sentences_give_the_loss_of_their_samples_unpacked(name, preset, split_corpus, en_tokenizer):
+    cfg = data_config(split_corpus[1], format="doc-sentences", max_seq_length=64, pack_doc_sentences=True,
+                      masking={"max_predictions_per_seq": 40})
+    ds = PretrainingDataset(cfg, en_tokenizer, seed=0)
+    rows = np.argsort(-np.diff(ds.builders[0].index.row_ptr))[:6]  # the most packed rows
+    packed = Collator(en_tokenizer.pad_id, 64, 40)([ds.build(0, 0, int(i)) for i in rows])
+    assert int(packed["pack_ids"].max()) >= 3
+    samples = _unpack(packed)
+    unpacked = Collator(en_tokenizer.pad_id, 64, 40)(samples)
+    objective = get_objective({"name": name, "options": {"rtd_weight": 0.0} if name == "electra" else {}})
+    torch.manual_seed(0)
+    model = objective.build_model(_model_cfg(preset, en_tokenizer))
+    model.eval()
+    with torch.no_grad():
+        a = objective.loss(model, packed)[1]
+        b = objective.loss(model, unpacked)[1]
+    key = "gen_mlm_loss" if name == "electra" else "mlm_loss"
+    assert a[key].item() == pytest.approx(b[key].item(), abs=1e-4), (a, b)
 
 
 def test_gumbel_sampling_follows_the_softmax():

@@ -64,8 +64,8 @@ class DataConfig(BaseModel):
     pack_doc_sentences: bool = False
     """doc-sentences: pack short samples (document ends) together into one row up to max_seq_length, with
     ``pack_ids [B, T]`` (1, 2, ... per packed sample, 0 = padding) so tokens per batch stay close to full-sentences
-    with fixed micro-batch shapes (RoBERTa grows its batch instead, which fixed shapes cannot). Needs an encoder that
-    attends only within equal pack ids (DESIGN.md "Batches"); objectives refuse packed batches until it does."""
+    with fixed micro-batch shapes (RoBERTa grows its batch instead, which fixed shapes cannot). The encoder attends
+    only within equal pack ids and restarts positions (DESIGN.md "Batches"); the objectives pass them on."""
     masking: MaskingConfig = Field(default_factory=MaskingConfig)
     pad_to: Literal["batch", "max"] = "batch"
     """pad each batch to its longest row, or always to max_seq_length (fixed shapes, e.g. for compiled graphs)"""

@@ -52,16 +52,14 @@ class Objective:
     # -- helpers for subclasses ------------------------------------------------------------------------------------
     @staticmethod
     def forward_heads(model, batch: dict, positions: torch.Tensor | None) -> dict:
-        refuse_packed(batch)
         return model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                     token_type_ids=batch.get("token_type_ids"), mlm_positions=positions)
+                     token_type_ids=batch.get("token_type_ids"), mlm_positions=positions, **packing(batch))
 
 
-def refuse_packed(batch: dict) -> None:
-    if "pack_ids" in batch:
-        raise ValueError("this batch packs several doc-sentences samples per row (data.pack_doc_sentences: true), "
-                         "but the encoder does not restrict attention to one packed sample yet; set "
-                         "data.pack_doc_sentences: false")
+def packing(batch: dict) -> dict:
+    """``{"pack_ids": ...}`` for packed doc-sentences batches (the encoder then attends within each packed sample
+    and restarts its positions), else nothing, so models without the keyword keep working."""
+    return {"pack_ids": batch["pack_ids"]} if "pack_ids" in batch else {}
 
 
 def masked_positions(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:

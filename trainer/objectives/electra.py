@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trainer.models import MLM, RTD, ElectraPretrainingModel, HeadSpec, ModelConfig
 from trainer.models.heads import build_head
 
-from .base import Objective, binary_metrics, masked_positions, mlm_loss, refuse_packed
+from .base import Objective, binary_metrics, masked_positions, mlm_loss, packing
 
 
 class ElectraOptions(BaseModel):
@@ -55,10 +55,11 @@ class ElectraAblationModel(ElectraPretrainingModel):
         disc.heads[MLM] = build_head(cfg, HeadSpec("mlm"), disc.encoder)
         disc.head_specs[MLM] = HeadSpec("mlm")
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, positions=None, part="discriminator"):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, positions=None, part="discriminator",
+                pack_ids=None):
         if part == "discriminator_heads":
-            return self.discriminator(input_ids, attention_mask, token_type_ids, None, positions)
-        return super().forward(input_ids, attention_mask, token_type_ids, positions, part)
+            return self.discriminator(input_ids, attention_mask, token_type_ids, None, positions, pack_ids=pack_ids)
+        return super().forward(input_ids, attention_mask, token_type_ids, positions, part, pack_ids=pack_ids)
 
 
 def gumbel_sample(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -81,13 +82,14 @@ class ElectraObjective(Objective):
         return cls(model_cfg, o.generator_fraction, o.sharing)
 
     def loss(self, model, batch: dict):
-        refuse_packed(batch)
         o = self.options
         ids, mask, types = batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids")
+        packed = packing(batch)
         B, T = ids.shape
         positions, labels = masked_positions(batch)
 
-        gen_logits = model(ids, attention_mask=mask, token_type_ids=types, positions=positions, part="generator")
+        gen_logits = model(ids, attention_mask=mask, token_type_ids=types, positions=positions, part="generator",
+                           **packed)
         gen_loss, gen_acc = mlm_loss(gen_logits, labels)
         sampled = gumbel_sample(gen_logits, o.temperature)
 
@@ -101,7 +103,8 @@ class ElectraObjective(Objective):
                    "replaced_frac": replaced.float().sum().detach() / mask.sum().clamp(min=1)}
 
         if o.variant in ("electra", "electra-15"):
-            disc_logits = model(corrupted, attention_mask=mask, token_type_ids=types, part="discriminator")
+            disc_logits = model(corrupted, attention_mask=mask, token_type_ids=types, part="discriminator",
+                                **packed)
             weight = mask.float()
             if o.variant == "electra-15":
                 weight = torch.zeros_like(weight).reshape(-1).index_fill_(0, positions, 1.0).reshape(B, T) * weight
@@ -112,12 +115,12 @@ class ElectraObjective(Objective):
 
         if o.variant == "replace-mlm":
             out = model(corrupted, attention_mask=mask, token_type_ids=types, positions=positions,
-                        part="discriminator_heads")
+                        part="discriminator_heads", **packed)
             main_loss, main_acc = mlm_loss(out[MLM], labels)
         else:  # all-tokens-mlm with the copy mechanism
             real = mask.reshape(-1).nonzero().squeeze(1)
             out = model(corrupted, attention_mask=mask, token_type_ids=types, positions=real,
-                        part="discriminator_heads")
+                        part="discriminator_heads", **packed)
             target = original.reshape(-1)[real]
             log_p_mlm = F.log_softmax(out[MLM].float(), -1).gather(1, target[:, None]).squeeze(1)
             copy_logit = out[RTD].float().reshape(-1)[real]
