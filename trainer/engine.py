@@ -59,6 +59,14 @@ def init_distributed(timeout_minutes: float) -> tuple[int, int]:
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
+def shutdown() -> None:
+    """End of a successful run: every rank leaves together and the process group is torn down explicitly (left to
+    interpreter exit, gloo's threads sometimes abort the process: "terminate called without an active exception")."""
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def device_name() -> str:
     """'cpu' or e.g. 'cuda:0' for this rank."""
     acc = get_accelerator()

@@ -154,13 +154,15 @@ def run(args, cfg, components_factory: Callable) -> int:
                       grad_accum=grad_accum, metrics=metrics, preempt=preempt, flops_per_token=flops,
                       peak_flops=peak)
     try:
-        return trainer.train()
+        status = trainer.train()
     except NonFiniteLossError as err:
         metrics.message(str(err))
         write_status(cfg, rank, "nonfinite", state.step, str(err))
-        return EXIT_NONFINITE
+        status = EXIT_NONFINITE
     finally:
         metrics.close()
+    ds.shutdown()  # every rank reaches this (the stop decisions above were all-reduced)
+    return status
 
 
 def main(argv=None, components_factory: Callable | None = None, section_models: dict | None = None) -> int:
