@@ -96,3 +96,9 @@ def test_tiny_bert_trains_end_to_end_with_eval(corpus, tmp_path):
     assert all(0 < r["loss"] < 20 and r["tokens_per_s"] > 0 for r in train)
     assert any("nsp" in k for k in train[-1]), train[-1]
     assert (tmp_path / "checkpoints" / "global_step4" / "bertfamily.json").exists()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/tokens_per_s", "train/mfu", "train/grad_norm", "eval/loss"} <= tags, tags
+    assert [e.step for e in events.Scalars("train/loss")] == [2, 4]
