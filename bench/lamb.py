@@ -68,7 +68,8 @@ def bench_step(preset: str, steps: int) -> dict[str, float]:
     for p in decayed[:-1]:
         starts.append(starts[-1] + p.numel())
     flat_lamb = Lamb([flat], lr=1e-4, weight_decay=0.01)
-    flat_lamb.partition_layout = PartitionLayout(num_slots=len(decayed), slot_names=[str(i) for i in range(len(decayed))])
+    names = [str(i) for i in range(len(decayed))]
+    flat_lamb.partition_layout = PartitionLayout(num_slots=len(decayed), slot_names=names)
     flat_lamb.partition_layout.add(flat, [(start, p.numel(), i) for i, (start, p) in enumerate(zip(starts, decayed))])
     flat_adamw = torch.optim.AdamW([nn.Parameter(flat.detach().clone())], lr=1e-4, foreach=True)
     flat_adamw.param_groups[0]["params"][0].grad = flat.grad.clone()
@@ -178,12 +179,13 @@ def main(argv=None) -> None:
         for stage in [int(s) for s in args.stages.split(",") if s]:
             r = bench_engine(args.preset, stage, args.steps)
             a, b = r["adamw"], r["lamb"]
-            print(f"| {stage} | {a['train_step']:.0f} | {b['train_step']:.0f} | {b['train_step'] / a['train_step']:.2f}x "
-                  f"| {a['engine_step']:.0f} | {b['engine_step']:.0f} | {b['engine_step'] / a['engine_step']:.2f}x |",
-                  flush=True)
+            train, step = b["train_step"] / a["train_step"], b["engine_step"] / a["engine_step"]
+            print(f"| {stage} | {a['train_step']:.0f} | {b['train_step']:.0f} | {train:.2f}x "
+                  f"| {a['engine_step']:.0f} | {b['engine_step']:.0f} | {step:.2f}x |", flush=True)
 
     print("\n## Communication Lamb adds per engine step (fp32 gradients)")
-    print("| preset | parameters | tensors | Lamb all-reduce | gradient all-reduce | ratio |\n|---|---|---|---|---|---|")
+    print("| preset | parameters | tensors | Lamb all-reduce | gradient all-reduce | ratio |")
+    print("|---|---|---|---|---|---|")
     for row in comm_table(["albert-base", "albert-xxlarge", "bert-base", "bert-large", "roberta-large"]):
         print(f"| {row['preset']} | {row['params'] / 1e6:.1f}M | {row['tensors']} | {row['lamb_allreduce_bytes']:,} B "
               f"| {row['grad_allreduce_bytes'] / 2 ** 20:,.0f} MiB | {row['ratio']:.1e} |")

@@ -233,7 +233,7 @@ def bind_zero_layout(engine) -> PartitionLayout | None:
     """Make the engine's Lamb compute trust ratios per original parameter under ZeRO (see ``zero_lamb.py``).
 
     Call once after ``deepspeed.initialize`` (and again if DeepSpeed rebuilds its partitions). Returns the layout, or
-    None when the optimizer sees whole parameters (no ZeRO, fp32 or the unfused fp16/bf16 wrapper) and nothing is needed.
+    None when the optimizer sees whole parameters (no ZeRO: fp32, or the unfused fp16/bf16 wrapper): nothing to do.
     """
     from trainer.optim import zero_lamb  # imports deepspeed: kept out of this module's import
     return zero_lamb.bind_zero_layout(engine)
