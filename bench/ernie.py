@@ -3,7 +3,8 @@
     python bench/ernie.py [--rows 4000] [--seq 128] [--repeats 3]
 
 1. ``masking``: samples/s of knowledge masking (``trainer.ernie.knowledge_masking``) per sample, at the basic and the
-   entity level (jieba spans from the side-car format), and batched (64 rows per call), against the trainer's
+   entity level (jieba spans from the side-car format), and 64 rows per call with a generator per row
+   (``knowledge_mask_rows``, what the ERNIE datasets' ``__getitems__`` does), against the trainer's
    whole-word ``trainer.data.masking.Masker`` per sample (BERT's whole-word masking: the same work without spans).
 2. ``annotate``: characters/s of our jieba annotator (POS-tagged cut + entity/phrase spans) against a bare
    ``jieba.posseg`` cut of the same text, and of the offline path (text rebuilt from token ids + annotate + align).
@@ -27,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from data_prep import annotate  # noqa: E402
 from trainer.data.config import MaskingConfig  # noqa: E402
 from trainer.data.masking import Masker  # noqa: E402
-from trainer.ernie.knowledge_masking import KnowledgeMaskingConfig, knowledge_mask  # noqa: E402
+from trainer.ernie.knowledge_masking import KnowledgeMaskingConfig, knowledge_mask, knowledge_mask_rows  # noqa: E402,E501
 
 CORPUS = REPO.parent / "shared" / "corpora" / "zh_fortunes.txt"
 
@@ -106,30 +107,30 @@ def main(argv=None) -> int:
                 knowledge_mask(ids, ~is_special[ids], ws[ids], sp, level, km, tok.mask_id, random_ids, rng)
         return run
 
-    def ours_batched():
-        rng = np.random.default_rng(0)
+    def ours_batched():  # the datasets' DataLoader path: 64 rows per call, each with its own generator
         for b0 in range(0, n, 64):
-            chunk = rows[b0:b0 + 64]
-            T = max(len(r) for r in chunk)
-            ids = np.zeros((len(chunk), T), np.int64)
-            for b, r in enumerate(chunk):
-                ids[b, :len(r)] = r
-            cand = ~is_special[ids]
-            sp = np.concatenate([np.concatenate([np.full((len(s), 1), b), s], axis=1)
-                                 for b, s in enumerate(spans[b0:b0 + 64])])
-            knowledge_mask(ids, cand, ws[ids], sp, "entity", km, tok.mask_id, random_ids, rng)
+            chunk = list(range(b0, min(n, b0 + 64)))
+            knowledge_mask_rows([rows[i] for i in chunk], [spans[i] for i in chunk], "entity", km, tok.mask_id,
+                                random_ids, [np.random.default_rng(i) for i in chunk], is_special, ws)
 
-    base_t, basic_t, entity_t, batched_t = [], [], [], []
+    def baseline_batched():  # the trainer's own batch path: Masker.mask_batch, a generator per row
+        for b0 in range(0, n, 64):
+            chunk = list(range(b0, min(n, b0 + 64)))
+            masker.mask_batch([rows[i] for i in chunk], [np.random.default_rng(i) for i in chunk])
+
+    base_t, base_b_t, basic_t, entity_t, batched_t = [], [], [], [], []
     for _ in range(args.repeats):  # alternate: load drift hits every variant alike
         base_t.append(timed(baseline, 1))
+        base_b_t.append(timed(baseline_batched, 1))
         basic_t.append(timed(ours("basic"), 1))
         entity_t.append(timed(ours("entity"), 1))
         batched_t.append(timed(ours_batched, 1))
     base = n / min(base_t)
     print("\n## masking (samples/s, best of %d)" % args.repeats)
     print(f"whole-word Masker per sample (baseline): {base:,.0f}")
-    for name, t in (("knowledge basic, per sample", basic_t), ("knowledge entity, per sample", entity_t),
-                    ("knowledge entity, 64 rows per call", batched_t)):
+    for name, t in (("whole-word Masker.mask_batch, 64 rows per call (own generators)", base_b_t),
+                    ("knowledge basic, per sample", basic_t), ("knowledge entity, per sample", entity_t),
+                    ("knowledge entity, 64 rows per call (own generators)", batched_t)):
         rate = n / min(t)
         print(f"{name}: {rate:,.0f} ({rate / base:.2f}x)")
 
