@@ -153,6 +153,38 @@ def test_electra_labels_samples_equal_to_the_original_as_original():
     assert loss.item() == pytest.approx(50 * math.log(2), rel=1e-5)
 
 
+class _FixedElectra(torch.nn.Module):
+    """A generator that always samples token 5, and a discriminator that knows the original sequence and calls a
+    token replaced iff it differs from it."""
+
+    def __init__(self, original):
+        super().__init__()
+        self.original, self.seen = original, None
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, positions=None, part="discriminator"):
+        if part == "generator":
+            logits = torch.full((len(positions), 50), -1e4)
+            logits[:, 5] = 1e4
+            return logits
+        self.seen = input_ids
+        return (input_ids != self.original).float() * 40.0 - 20.0
+
+
+def test_electra_labels_replaced_tokens_at_their_positions():
+    ids = torch.tensor([[2, 4, 4, 9, 3, 0], [2, 4, 4, 8, 7, 3]])  # 4 = [MASK]
+    original = torch.tensor([[2, 7, 4, 9, 3, 0], [2, 6, 5, 8, 8, 3]])
+    batch = {"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 0], [1] * 6]),
+             "token_type_ids": torch.zeros_like(ids), "mlm_positions": torch.tensor([[1, 0, 0], [2, 4, 1]]),
+             "mlm_labels": torch.tensor([[7, -100, -100], [5, 8, 6]])}  # row 1, position 2 holds 5 already
+    model = _FixedElectra(original)
+    loss, metrics = ElectraObjective({"rtd_weight": 1}).loss(model, batch)
+    assert model.seen.tolist() == [[2, 5, 4, 9, 3, 0], [2, 5, 5, 8, 5, 3]]
+    assert metrics["replaced_frac"].item() == pytest.approx(3 / 11)
+    # the discriminator is right at every real token iff the labels mark exactly the replaced positions
+    assert metrics["rtd_acc"].item() == 1.0 and metrics["rtd_precision"].item() == 1.0
+    assert metrics["rtd_recall"].item() == 1.0 and metrics["rtd_loss"].item() < 1e-6
+
+
 def test_electra_sampling_passes_no_gradient_to_the_generator(split_corpus, en_tokenizer):
     torch.manual_seed(0)
     batch = _batches(split_corpus[1], en_tokenizer, "full-sentences", 64, 4, 1)[0]
@@ -248,12 +280,22 @@ def test_tiny_electra_learns(small_vocab):
     valid = _batches(valid_prefix, tok, "full-sentences", 64, 32, 4, seed=1)
     objective = ElectraObjective({"rtd_weight": 50, "generator_fraction": 0.5})
     model = objective.build_model(_model_cfg("tiny-electra", tok))
-    before, after = _train(objective, model, train, valid, STEPS, 3e-3)
-    # measured: generator MLM loss 6.0 -> 5.3, accuracy 0.002 -> 0.045; RTD loss 0.69 -> 0.40, accuracy 0.57 -> 0.86
-    assert after["gen_mlm_loss"] < before["gen_mlm_loss"] - 0.4, (before, after)
-    assert after["gen_mlm_acc"] > before["gen_mlm_acc"] + 0.02, (before, after)
+    # lr 2e-4 (the paper's scale), not 3e-3: at 1e-3 and above the generator's samples follow the unigram
+    # distribution within ~100 steps, after which only context tells a replacement from the original, and this
+    # model learns none within 1,500 steps: the discriminator predicts the prior (recall 0, AUC 0.53). At 2e-4 the
+    # generator is still learning and the discriminator learns to spot its samples (AUC 0.69 on held-out tokens).
+    before, after = _train(objective, model, train, valid, STEPS, 2e-4)
+    # measured: generator MLM loss 6.0 -> 5.58, accuracy 0.002 -> 0.032; RTD loss 0.69 -> 0.375 (the prior's entropy
+    # is 0.408), accuracy 0.57 -> 0.86, precision 0.84 and recall 0.039 on replaced tokens
+    assert after["gen_mlm_loss"] < before["gen_mlm_loss"] - 0.3, (before, after)
+    assert after["gen_mlm_acc"] > before["gen_mlm_acc"] + 0.015, (before, after)
     assert after["rtd_loss"] < 0.75 * before["rtd_loss"], (before, after)
     assert after["rtd_acc"] > before["rtd_acc"] + 0.1, (before, after)
+    # more than the prior: a constant logit at best reaches the entropy of the replaced fraction, with recall 0
+    p = after["replaced_frac"]
+    prior_entropy = -(p * math.log(p) + (1 - p) * math.log(1 - p))
+    assert after["rtd_loss"] < prior_entropy - 0.015, (before, after, prior_entropy)
+    assert after["rtd_recall"] > 0.005 and after["rtd_precision"] > 3 * p, (before, after)
 
 
 @pytest.mark.slow
@@ -261,15 +303,19 @@ def test_tiny_albert_with_sop_and_ngram_masking_learns(small_vocab):
     tok, train_prefix, valid_prefix = small_vocab
     torch.manual_seed(0)
     train = _batches(train_prefix, tok, "sop-pair", 64, BATCH, STEPS, strategy="ngram")
-    valid = _batches(valid_prefix, tok, "sop-pair", 64, 32, 8, seed=1, strategy="ngram")
+    valid = _batches(valid_prefix, tok, "sop-pair", 64, 32, 16, seed=1, strategy="ngram")
     objective = get_objective({"name": "mlm+sop"})
     model = objective.build_model(_model_cfg("tiny-albert", tok))
-    before, after = _train(objective, model, train, valid, STEPS, 3e-3)
-    # measured: MLM loss 6.0 -> 5.3, accuracy 0.002 -> 0.055. SOP stays at chance at this size and budget (also
-    # after 1,200 steps); the SOP head's loss is finite and trained, checked in test_losses_match_a_direct_computation.
+    # lr 1e-3, not 3e-3: at 3e-3 the [CLS] state collapses (its std across samples 0.04 after 300 steps, 0.32 at
+    # 1e-3), so the SOP head predicts one class for every pair, the prior (also after 1,200 steps).
+    before, after = _train(objective, model, train, valid, STEPS, 1e-3)
+    # measured: MLM loss 6.0 -> 5.28, accuracy 0.002 -> 0.05; SOP loss 0.69 -> 0.63, accuracy 0.53 -> 0.67 (512 pairs)
     assert after["mlm_loss"] < before["mlm_loss"] - 0.4, (before, after)
     assert after["mlm_acc"] > before["mlm_acc"] + 0.02, (before, after)
-    assert math.isfinite(after["sop_loss"]) and after["sop_loss"] < 0.8
+    # SOP beats the majority class of the held-out pairs by 5 points (4 standard errors at n = 512)
+    swapped = float(torch.cat([b["sentence_label"] for b in valid]).float().mean())
+    assert after["sop_acc"] > max(swapped, 1 - swapped) + 0.05, (before, after, swapped)
+    assert after["sop_loss"] < before["sop_loss"] - 0.03, (before, after)
 
 
 def test_electra_sharing_and_generator_size(en_tokenizer):
