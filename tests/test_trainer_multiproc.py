@@ -8,6 +8,7 @@ fixtures and every test combines the checks one launch allows.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -71,8 +72,10 @@ def command(config: Path, nproc: int, *extra: str, launcher: str = "torchrun") -
 
 
 def run(config: Path, nproc: int = 2, *extra: str, expect: int | None = 0) -> subprocess.CompletedProcess:
+    # One thread per process, as torchrun sets for its workers: two OpenMP threads on 2 shared cores stall at every
+    # barrier while a neighbour holds a core.
     proc = subprocess.run(command(config, nproc, *extra), capture_output=True, text=True, timeout=TIMEOUT,
-                          cwd=REPO)
+                          cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if expect is not None:
         assert proc.returncode == expect, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return proc
