@@ -149,6 +149,19 @@ def test_loader_batches_do_not_depend_on_workers_and_follow_the_contract(dataset
     assert b["sentence_label"].shape == (B,)
 
 
+def test_starting_a_loader_leaves_the_global_rng_alone(dataset, en_tokenizer):
+    """A resumed run restores torch's RNG and then starts a new loader iterator; if that drew from the global RNG,
+    every later dropout mask would differ from an uninterrupted run's."""
+    collate = Collator(en_tokenizer.pad_id, 64, dataset.cfg.masking.max_predictions_per_seq)
+    loader = build_dataloader(dataset, collate, consumed_samples=0, global_batch=8, micro_batch=4, rank=0,
+                              world_size=2, total_samples=16, num_workers=0)
+    torch.manual_seed(1234)
+    expected = torch.rand(3)
+    torch.manual_seed(1234)
+    next(iter(loader))
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_pad_to_max_gives_fixed_shapes(dataset, en_tokenizer):
     collate = Collator(en_tokenizer.pad_id, 64, 20, pad_to="max")
     batch = collate([dataset[i] for i in range(3)])

@@ -75,8 +75,12 @@ def build_dataloader(dataset, collator: Collator, consumed_samples: int, global_
     kwargs = {}
     if num_workers > 0:
         kwargs = {"prefetch_factor": prefetch_factor, "persistent_workers": True}
+    # A private generator: every iter(loader) draws a base seed for its workers, and from torch's global RNG that
+    # draw would shift the dropout stream, so a resumed run (RNG restored, then a new iterator) would diverge from an
+    # uninterrupted one. Samples never use it (each has its own generator).
     return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, num_workers=num_workers,
-                                       pin_memory=torch.cuda.is_available(), **kwargs)
+                                       pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(0),
+                                       **kwargs)
 
 
 def build_pretraining_loader(cfg, tokenizer, seed: int, consumed_samples: int, global_batch: int, micro_batch: int,
