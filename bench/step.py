@@ -55,9 +55,6 @@ def make_batch(args, gen):
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    # `python bench/step.py` puts bench/ first on sys.path, where bench/trainer.py would shadow the trainer package.
-    repo = Path(__file__).resolve().parents[1]
-    sys.path[:] = [str(repo)] + [p for p in sys.path if Path(p or ".").resolve() != repo / "bench"]
     if args.threads:
         torch.set_num_threads(args.threads)
     import transformers

@@ -9,8 +9,8 @@
    as a census of every live tensor in the rank's process after a step (unique storages, so views and aliases count
    once), i.e. everything tensor-shaped the rank holds, not only what ZeRO says it holds.
 
-    python bench/trainer.py                 # everything (~10 min on 2 shared cores)
-    python bench/trainer.py --presets tiny  # quick
+    python bench/zero_stages.py                 # everything (~10 min on 2 shared cores)
+    python bench/zero_stages.py --presets tiny  # quick
 """
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     p.add_argument("--small-buckets", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=2, help="throughput: best of this many interleaved rounds")
     p.add_argument("--presets", default="tiny,bert-base")
-    p.add_argument("--out", default=str(REPO / "bench" / "out" / "trainer.json"))
+    p.add_argument("--out", default=str(REPO / "bench" / "out" / "zero_stages.json"))
     args = p.parse_args(argv)
     if args.worker:
         print("RESULT " + json.dumps(worker(args)), flush=True)
