@@ -17,7 +17,8 @@ RUN="$OUT/run"
 TRAIN=($PY -m torch.distributed.run --nproc_per_node 2 --master_port "${MASTER_PORT:-29517}" trainer/pretrain.py
        --config tiny_roberta --set "run_dir=$RUN" --set "data.corpora.0.prefix=$OUT/data/pydocs")
 echo "== 4 pretrain tiny_roberta, ZeRO-2, 2 CPU processes: steps 1-10 (checkpoint at 10)"
-"${TRAIN[@]}" --set train.steps=10 --set logging.progress_bar=false
+"${TRAIN[@]}" --set train.stop_at_step=10 --set logging.progress_bar=false
+grep -q '"status": "stopped", "step": 10' "$RUN/status.json"
 echo "== 5 resume from the checkpoint: steps 11-20"
 "${TRAIN[@]}" --resume auto --set logging.progress_bar=false
 grep -q '"status": "completed", "step": 20' "$RUN/status.json"

@@ -210,14 +210,18 @@ def test_kill9_one_rank_then_resume_is_bit_identical(tmp, zero_runs):
 
 def test_lamb_resume_is_bit_identical(tmp):
     """Our LAMB under ZeRO-2 (per-parameter trust ratios over partitions), dropout on: 8 steps in one run, against
-    steps 5-8 of a second run resumed from the first one's step-4 checkpoint."""
+    a second run stopped after step 4 by train.stop_at_step (checkpoint, status "stopped", schedule of 8 steps kept)
+    and continued with --resume auto."""
     over = {"model": {"dropout": 0.1}, "optim": {"name": "lamb", "lr": 1e-2}, "checkpoint": {"keep_last": 4}}
     run(make_config(tmp, "lamb", **over), 2)
-    resumed = run(make_config(tmp, "lamb_resumed", **over), 2, "--resume",
-                  str(tmp / "lamb" / "checkpoints" / "global_step4"))
+    cfg = make_config(tmp, "lamb_resumed", **over)
+    run(cfg, 2, "--set", "train.stop_at_step=4")
+    status = json.loads((tmp / "lamb_resumed" / "status.json").read_text())
+    assert (status["status"], status["step"]) == ("stopped", 4)
+    resumed = run(cfg, 2, "--resume", "auto")
     assert "resumed from" in resumed.stdout
     ref, got = losses(tmp / "lamb"), losses(tmp / "lamb_resumed")
-    assert sorted(got) == [5, 6, 7, 8]
+    assert sorted(got) == list(range(1, 9))
     for step in got:
         assert got[step] == ref[step], (step, got[step], ref[step])
 

@@ -58,6 +58,9 @@ class TrainConfig(_Section):
     """Micro-batches per rank in one evaluation."""
     max_nonfinite_in_a_row: int = Field(default=5, gt=0)
     """Stop the run after this many consecutive steps whose loss or gradient was NaN/Inf (each one is skipped)."""
+    stop_at_step: int | None = Field(default=None, gt=0)
+    """End this launch after this step with a checkpoint (status "stopped"), leaving the schedule of ``steps`` as it
+    is: for fixed-length allocations; the next launch with --resume auto continues as if never stopped."""
 
 
 class CheckpointConfig(_Section):

@@ -206,6 +206,12 @@ class Trainer:
             if cfg.checkpoint.every_steps and state.step % cfg.checkpoint.every_steps == 0:
                 self.save()
                 last_saved = state.step
+            if cfg.train.stop_at_step and state.step >= cfg.train.stop_at_step and state.step < cfg.train.steps:
+                if last_saved != state.step:
+                    self.save()
+                self.metrics.message(f"stopped at step {state.step} (train.stop_at_step); continue with --resume auto")
+                write_status(cfg, self.rank, "stopped", state.step)
+                return EXIT_OK
         if cfg.checkpoint.save_at_end and last_saved != state.step:
             self.save()
         write_status(cfg, self.rank, "completed", state.step)
