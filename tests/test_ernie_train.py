@@ -44,10 +44,19 @@ def _train(recipe: str, run_dir: Path, *sets: str, entry: str = "trainer.pretrai
     return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _falls(records: list[dict], key: str, window: int = 8) -> tuple[float, float]:
-    values = [r[key] for r in records if key in r]
-    assert len(values) >= 2 * window, f"{key}: only {len(values)} logged values"
-    return float(np.mean(values[:window])), float(np.mean(values[-window:]))
+def _falls(records: list[dict], key: str, margin: float, min_t: float = 3.0) -> None:
+    """Assert ``key``'s logged loss falls: the least-squares line through its values (one per step that trains it)
+    drops by more than ``margin`` from the task's first to its last step, with a slope at least ``min_t`` standard
+    errors below zero (a task that does not learn reaches t > 3 with probability under 0.5%: noise does not pass)."""
+    x = np.array([r["step"] for r in records if key in r], float)
+    y = np.array([r[key] for r in records if key in r], float)
+    assert len(y) >= 10, f"{key}: only {len(y)} logged values"
+    slope, intercept = np.polyfit(x, y, 1)
+    resid = y - (slope * x + intercept)
+    se = np.sqrt(resid @ resid / (len(y) - 2) / ((x - x.mean()) ** 2).sum())
+    fall, t = -slope * (x[-1] - x[0]), -slope / se
+    assert fall > margin and t > min_t, (f"{key} does not fall clearly: first {y[0]:.3f}, last {y[-1]:.3f}, "
+                                         f"fitted fall {fall:.3f} (want > {margin}), t = {t:.1f} (want > {min_t})")
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +119,10 @@ def test_tiny_ernie_on_chinese_corpus_two_ranks(zh_prepared):
     assert [r["step"] for r in recs] == list(range(1, 61))
     dlm_steps = [r["step"] for r in recs if "dlm_loss" in r]
     assert dlm_steps == list(range(4, 61, 4))  # every 4th step is a DLM step, on both ranks
-    first, last = _falls([r for r in recs if "mlm_loss" in r], "mlm_loss")
-    assert last < first - 0.5, f"mlm loss {first:.3f} -> {last:.3f}"
-    first, last = _falls(recs, "dlm_mlm_loss", window=4)
-    assert last < first, f"masked LM on dialogue turns {first:.3f} -> {last:.3f}"
+    _falls(recs, "mlm_loss", margin=0.5)
+    _falls(recs, "dlm_mlm_loss", margin=0.5)  # masked LM on dialogue turns
+    # DLM real/fake does not learn at this scale (15 DLM steps): its labels are right and balanced, and a DLM-only
+    # run at lr 1e-3 stays at chance after 300 steps, reaching held-out accuracy ~0.64 only after ~1000 DLM steps
     assert all(np.isfinite(r["dlm_loss"]) for r in recs if "dlm_loss" in r)
 
 
@@ -135,7 +144,8 @@ def test_tiny_ernie2_five_tasks_two_ranks(tmp_path, en_corpus):
     for task in ("mlm", "capitalization", "token_document"):
         assert sum(f"{task}_loss" in r for r in recs if r["step"] > 60) == 30
     assert not any("sentence_reorder_loss" in r for r in recs if r["step"] <= 60)
-    for task in ("mlm", "capitalization", "token_document", "sentence_reorder"):
-        first, last = _falls(recs, f"{task}_loss")
-        assert last < first, f"{task}: loss {first:.3f} -> {last:.3f}"
+    for task, margin in (("mlm", 0.5), ("capitalization", 0.08), ("token_document", 0.03), ("sentence_reorder", 0.1)):
+        _falls(recs, f"{task}_loss", margin)
+    # sentence distance does not learn in its 20 steps: its labels are the true relations, and a distance-only run at
+    # lr 1e-3 gets only ~0.03 nats below the label prior's entropy after 300 steps (~0.15 after 1000)
     assert all(np.isfinite(r["sentence_distance_loss"]) for r in recs if "sentence_distance_loss" in r)
