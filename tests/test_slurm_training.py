@@ -182,8 +182,15 @@ def test_albert_xxlarge_template_with_lamb_survives_a_killed_rank(slurm_cluster,
     wait_for_steps(run, 5, slurm_cluster, job)
     victims = _rank_processes(slurm_cluster, node_id="1")
     assert len(victims) == 1, victims
-    saved = latest_step(run)
-    assert saved is not None and saved >= 4
+    # Kill one or two steps after a checkpoint (every 4 steps), so that the killed run has done steps past its last
+    # checkpoint that the resubmission must redo; polled tightly: a step takes longer than this loop.
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while True:
+        saved, done = latest_step(run), max(losses(run))
+        if saved is not None and saved >= 4 and done > saved and done % 4 in (1, 2):
+            break
+        assert time.monotonic() < deadline, (saved, done)
+        time.sleep(0.01)
     killed_at = time.monotonic()
     victims[0].kill()
     info = slurm_cluster.wait_job(job, 120)
