@@ -5,8 +5,8 @@ on first use, and torch's is bit-reproducible across a resume) and DeepSpeed's F
 ``trainer.engine``, the one module that imports deepspeed). ``lamb`` is ``trainer/optim/lamb.py``.
 
 Every optimizer we hand to DeepSpeed skips a step whose gradients are not finite and says so in ``.overflow``: the
-engine reads that attribute to count the step as skipped and hold the lr schedule. DeepSpeed's ZeRO and bf16/fp16
-wrappers already do this; without ZeRO in fp32 the engine calls our optimizer directly, so the guard lives here.
+engine reads that attribute to count the step as skipped and hold the lr schedule. DeepSpeed's fp16 loss scaler
+checks overflow itself; in fp32 and bf16 nothing does, so the guard lives here, for every stage.
 """
 from __future__ import annotations
 
@@ -39,18 +39,31 @@ class OptimConfig(BaseModel):
 class NonFiniteGuard:
     """Mixin: skip ``step()`` when any gradient is NaN/Inf and set ``self.overflow`` (read by DeepSpeed's engine).
 
-    Costs one ``_foreach_norm`` over the gradients and one host sync per step.
+    Under ZeRO each rank holds only its partition of the gradients, so the decision is all-reduced: one rank's NaN
+    makes every rank skip (otherwise the replicas diverge, and a collective inside the step, such as LAMB's trust-ratio
+    all-reduce, waits forever for the ranks that skipped). DeepSpeed calls ``step`` the same number of times on every
+    rank (equal, padded partitions), so the collective always matches.
+
+    Costs one ``_foreach_norm`` over the gradients, one all-reduce of a scalar and one host sync per step.
     """
 
     overflow = False
 
     def step(self, closure=None):
-        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        params = [p for group in self.param_groups for p in group["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        device = grads[0].device if grads else (params[0].device if params else torch.device("cpu"))
         if grads:
             total = torch.stack([n.float() for n in torch._foreach_norm(grads)]).sum()
-            self.overflow = not bool(torch.isfinite(total))  # note: a host sync point
+            bad = (~torch.isfinite(total)).float()
         else:
-            self.overflow = False
+            bad = torch.zeros((), device=device)
+        if torch.distributed.is_available() and torch.distributed.is_initialized() \
+                and torch.distributed.get_world_size() > 1:
+            if torch.distributed.get_backend() == "nccl" and bad.device.type != "cuda":
+                bad = bad.cuda()  # CPU-offloaded partitions: NCCL reduces device tensors only
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        self.overflow = bool(bad.item())  # note: a host sync point
         if self.overflow:
             return None
         return super().step(closure)
