@@ -1,0 +1,227 @@
+"""The work folder of ``build_indexed``: what defines a run, restart detection and the atomic finalize.
+
+A run is planned as deterministic pieces of the input (``plan_pieces``); each finished piece leaves a record in
+``PREFIX.work/`` next to its shards. A restart with the same identity (inputs, settings, tokenizer) verifies and skips
+finished pieces; ``finalize`` renames every shard to its final name and writes the manifest last, so no half-written
+file ever carries a final name and a missing manifest means an unfinished run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from data_prep import __version__
+from data_prep import manifest as mf
+from data_prep import sources
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything that defines the output bytes (recorded in the manifest; a restart must match it)."""
+
+    json_key: str
+    split_sentences: bool
+    chunk_bytes: int
+    shard_bytes: int
+    shard_sequences: int
+    max_line_bytes: int
+    max_document_bytes: int
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Piece:
+    index: int
+    path: str
+    start: int
+    end: int | None
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    size: int
+    local_size: int
+
+    @property
+    def is_mpi(self) -> bool:
+        return self.size > 1
+
+
+def record_name(index: int) -> str:
+    return f"piece_{index:06d}.json"
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def plan_pieces(inputs: list[str], settings: Settings) -> list[Piece]:
+    pieces: list[Piece] = []
+    for path in inputs:
+        for start, end in sources.piece_bounds(path, settings.chunk_bytes, settings.max_line_bytes):
+            pieces.append(Piece(len(pieces), path, start, end))
+    return pieces
+
+
+def plan_identity(inputs, settings, tokenizer, pieces) -> dict:
+    """What a work folder or a manifest must match to be reused."""
+    def stat(path):
+        if path == sources.PYDOCS:
+            return {"path": path, "bytes": sources.input_bytes(path)}
+        st = os.stat(path)
+        return {"path": path, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+    return {"settings": asdict(settings), "tokenizer_fingerprint": tokenizer.fingerprint,
+            "inputs": [stat(p) for p in inputs], "pieces": [[p.path, p.start, p.end] for p in pieces],
+            "tool_version": __version__}
+
+
+def prepare_workdir(workdir: Path, identity: dict, overwrite: bool, world: World, pieces: list[Piece]) -> None:
+    plan_file = workdir / "plan.json"
+    if plan_file.exists() and not overwrite:
+        old = json.loads(plan_file.read_text(encoding="utf-8"))
+        if old != json.loads(json.dumps(identity)):
+            diff = sorted(k for k in identity if old.get(k) != json.loads(json.dumps(identity[k])))
+            raise SystemExit(f"error: {workdir} holds an unfinished run with other {', '.join(diff)}; rerun that "
+                             f"command to finish it, or add --overwrite to discard it")
+    workdir.mkdir(parents=True, exist_ok=True)
+    if overwrite:  # each rank clears its own pieces' records; rank 0 also those beyond the new plan
+        for p in pieces:
+            if p.index % world.size == world.rank:
+                (workdir / record_name(p.index)).unlink(missing_ok=True)
+        if world.rank == 0:
+            for rec in workdir.glob("piece_*.json"):
+                if int(rec.stem.split("_")[1]) >= len(pieces):
+                    rec.unlink()
+    if world.rank == 0:
+        write_json_atomic(plan_file, identity)
+
+
+def _final_locations(prefix: str, records: list[dict]) -> dict[str, str]:
+    """work name -> final shard prefix, numbering shards in piece order."""
+    names = [s["work_name"] for r in records for s in r["shards"]]
+    return {name: mf.shard_name(prefix, i) for i, name in enumerate(names)}
+
+
+def _shard_intact(workdir: Path, shard: dict, final: str | None) -> bool:
+    """Both files present (in the work folder, or already renamed to ``final``) with the recorded checksums."""
+    for ext, key in ((".bin", "bin_sha256"), (".idx", "idx_sha256")):
+        path = workdir / (shard["work_name"] + ext)
+        if not path.exists() and final is not None:
+            path = Path(final + ext)
+        if not path.exists() or mf.sha256_file(path) != shard[key]:
+            return False
+    return True
+
+
+def finished_pieces(workdir: Path, prefix: str, pieces: list[Piece], mine: list[Piece]) -> set[int]:
+    """Indices of my pieces whose record exists and whose shards are intact (checksums verified)."""
+    records = {}
+    for p in pieces:
+        rec = workdir / record_name(p.index)
+        if rec.exists():
+            records[p.index] = json.loads(rec.read_text(encoding="utf-8"))
+    # Shards leave the work folder only during finalize, which runs after every piece is done: numbering them is
+    # only needed (and only possible) when every record exists.
+    finals = _final_locations(prefix, [records[p.index] for p in pieces]) if len(records) == len(pieces) else {}
+    done = set()
+    for p in mine:
+        rec = records.get(p.index)
+        if rec is not None and rec["piece"] == asdict(p) and all(
+            _shard_intact(workdir, s, finals.get(s["work_name"])) for s in rec["shards"]
+        ):
+            done.add(p.index)
+    return done
+
+
+# ---------------------------------------------------------------------------------------------------- finalize
+
+
+def finalize(prefix: str, workdir: Path, pieces: list[Piece], inputs: list[str], settings: Settings,
+              tokenizer, tokenizer_arg: str, extra_skipped: Counter) -> dict:
+    records = []
+    for p in pieces:
+        rec = workdir / record_name(p.index)
+        if not rec.exists():
+            raise SystemExit(f"error: piece {p.index} ({p.path} from byte {p.start}) has no record in {workdir}; "
+                             f"a rank failed: rerun the same command to finish")
+        records.append(json.loads(rec.read_text(encoding="utf-8")))
+    finals = _final_locations(prefix, records)
+    if not finals:
+        skipped = Counter(extra_skipped)
+        for rec in records:
+            skipped.update(rec["skipped"])
+        raise SystemExit(f"error: the inputs hold no documents (skipped: {dict(skipped) or 'nothing'}); check "
+                         f"--input and --json-key. {workdir} is kept for inspection")
+    shards, skipped = [], Counter(extra_skipped)
+    root = Path(prefix).parent
+    for rec in records:
+        skipped.update(rec["skipped"])
+        for s in rec["shards"]:
+            final = finals[s["work_name"]]
+            for ext in (".bin", ".idx"):
+                work = workdir / (s["work_name"] + ext)
+                if work.exists():
+                    os.replace(work, final + ext)
+                elif not Path(final + ext).exists():
+                    raise SystemExit(f"error: {work} vanished before it was renamed to {final + ext}; rerun with "
+                                     f"--overwrite")
+            piece = rec["piece"]
+            shards.append({"prefix": os.path.relpath(final, root), "input": piece["path"],
+                           "input_range": [piece["start"], piece["end"]],
+                           **{k: s[k] for k in ("documents", "sentences", "tokens", "bin_bytes", "bin_sha256",
+                                                "idx_sha256")}})
+    # Shards numbered past the end from an earlier, larger run of this prefix are ours and stale.
+    pattern = re.compile(re.escape(Path(prefix).name) + r"_(\d{5})\.(bin|idx)$")
+    for path in root.iterdir() if root.exists() else []:
+        m = pattern.match(path.name)
+        if m and int(m.group(1)) >= len(shards):
+            path.unlink()
+    input_info = [{"path": p, "bytes": sources.input_bytes(p)} for p in inputs]
+    manifest = {
+        "format": mf.FORMAT, "version": mf.VERSION, "tool_version": __version__,
+        # absolute: the trainer, export and annotate load it from here, whatever their working directory
+        "tokenizer": {"path": os.path.abspath(tokenizer_arg), "fingerprint": tokenizer.fingerprint, "kind": tokenizer.kind,
+                      "vocab_size": tokenizer.vocab_size},
+        "dtype": settings.dtype, "shards": shards,
+        "totals": mf.totals_of(shards, sum(i["bytes"] for i in input_info)),
+        "inputs": input_info, "skipped": dict(skipped), "settings": asdict(settings),
+    }
+    mf.write_manifest(prefix, manifest)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return mf.read_manifest(prefix)
+
+
+def up_to_date(prefix: str, identity: dict, tokenizer) -> bool:
+    """A finished manifest for exactly this command, with its shard files present at their recorded sizes."""
+    try:
+        old = mf.read_manifest(prefix)
+    except (FileNotFoundError, ValueError):
+        return False
+    same = (old["settings"] == identity["settings"] and old["tokenizer"]["fingerprint"] == tokenizer.fingerprint
+            and old["tool_version"] == identity["tool_version"]
+            and [(i["path"], i["bytes"]) for i in old["inputs"]] == [(i["path"], i["bytes"]) for i in identity["inputs"]])
+    if not same:
+        return False
+    written = mf.manifest_path(prefix).stat().st_mtime_ns
+    if any(i.get("mtime_ns", 0) > written for i in identity["inputs"]):
+        return False  # an input was modified after the manifest was written
+    root = mf.manifest_path(prefix).parent
+    for s in old["shards"]:
+        bin_path, idx_path = root / (s["prefix"] + ".bin"), root / (s["prefix"] + ".idx")
+        if not (bin_path.exists() and idx_path.exists() and bin_path.stat().st_size == s["bin_bytes"]):
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------- running
