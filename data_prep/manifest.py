@@ -12,6 +12,12 @@ bytes. Shape (DESIGN.md "Shards and manifest"):
                  "idx_sha256", "input", "input_range": [start, end or null]}],
      "totals": {"shards", "documents", "sentences", "tokens", "bin_bytes", "input_bytes"},
      "inputs": [{"path", "bytes"}], "skipped": {"reason": count}, "settings": {...}}
+
+The tokenizer's path is stored relative to the manifest's folder when the tokenizer folder lies inside that folder's
+parent (under it, ``"tok"``, or next to it, ``"../tok"``), so a corpus prepared once and copied to shared storage
+together with its tokenizer still finds it; elsewhere it is stored absolute. Manifests written before this stored it
+absolute, and still read. ``read_manifest`` returns the path resolved (absolute) whichever way it was stored, and
+``tokenizer_dir`` also checks the folder is there.
 """
 from __future__ import annotations
 
@@ -34,7 +40,8 @@ class _Strict(BaseModel):
 
 class TokenizerInfo(_Strict):
     path: str
-    """Absolute path of the tokenizer folder (the trainer loads it from here)."""
+    """The tokenizer folder: on disk relative to the manifest's folder (see the module docstring) or absolute;
+    ``read_manifest`` returns it absolute."""
     fingerprint: str
     kind: str
     vocab_size: int
@@ -120,9 +127,36 @@ def dumps(manifest: dict) -> str:
     return json.dumps(data, indent=1, ensure_ascii=False) + "\n"
 
 
+def _portable_tokenizer_path(folder: Path, tokenizer: str) -> str:
+    """The path to store: relative to ``folder`` (the manifest's) when ``tokenizer`` is under it or under its parent
+    (unless that parent is the filesystem root), else absolute. ``tokenizer`` may be relative to the working
+    directory. Lexical (no symlinks resolved), as ``_resolve_tokenizer_path`` is. E.g. folder /data/corpus:
+    /data/corpus/tok -> "tok", /data/tok -> "../tok", /data/toks/wp -> "../toks/wp", /home/me/tok -> "/home/me/tok"."""
+    folder = os.path.abspath(folder)
+    tokenizer = os.path.abspath(tokenizer)
+    parent = os.path.dirname(folder)
+    near = os.path.commonpath([folder, tokenizer]) == folder or (
+        parent != os.path.dirname(parent) and os.path.commonpath([parent, tokenizer]) == parent)
+    return Path(os.path.relpath(tokenizer, folder)).as_posix() if near else tokenizer
+
+
+def _resolve_tokenizer_path(folder: Path, stored: str) -> Path:
+    """The absolute tokenizer folder for a stored path: absolute as is, relative against the manifest's folder."""
+    if os.path.isabs(stored):
+        return Path(stored)
+    return Path(os.path.normpath(os.path.join(os.path.abspath(folder), stored)))
+
+
 def write_manifest(prefix: str | os.PathLike, manifest: dict) -> Path:
-    """Validate and write atomically (temporary name, fsync, rename): a reader never sees half a manifest."""
+    """Validate and write atomically (temporary name, fsync, rename): a reader never sees half a manifest.
+
+    ``manifest["tokenizer"]["path"]`` is given absolute or relative to the working directory (a read manifest's
+    resolved path does); it is stored relative to the manifest's folder where that makes the corpus portable."""
     path = manifest_path(prefix)
+    tokenizer = manifest.get("tokenizer")
+    if isinstance(tokenizer, dict) and isinstance(tokenizer.get("path"), str) and tokenizer["path"]:
+        manifest = {**manifest, "tokenizer": {**tokenizer,
+                                              "path": _portable_tokenizer_path(path.parent, tokenizer["path"])}}
     text = dumps(manifest)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -134,8 +168,35 @@ def write_manifest(prefix: str | os.PathLike, manifest: dict) -> Path:
 
 
 def read_manifest(prefix: str | os.PathLike) -> dict:
-    """The manifest of ``PREFIX`` (or of the ``PREFIX.manifest.json`` path) as a dict, validated."""
+    """The manifest of ``PREFIX`` (or of the ``PREFIX.manifest.json`` path) as a dict, validated, with
+    ``["tokenizer"]["path"]`` resolved to an absolute path (not checked: see ``tokenizer_dir``)."""
     path = manifest_path(prefix)
+    data = _read_stored(path)
+    if data["tokenizer"]["path"]:  # "" (no folder recorded: hand-made test corpora) stays ""
+        data["tokenizer"]["path"] = str(_resolve_tokenizer_path(path.parent, data["tokenizer"]["path"]))
+    return data
+
+
+def tokenizer_dir(prefix: str | os.PathLike) -> Path:
+    """The absolute tokenizer folder the corpus ``PREFIX`` was made with; FileNotFoundError naming the manifest and
+    the path when the folder is not there (a corpus copied without its tokenizer, or the tokenizer moved)."""
+    path = manifest_path(prefix)
+    stored = _read_stored(path)["tokenizer"]["path"]
+    if not stored:
+        raise FileNotFoundError(f"{path}: records no tokenizer folder; rebuild the corpus with build_indexed.py "
+                                "--tokenizer DIR")
+    folder = _resolve_tokenizer_path(path.parent, stored)
+    if not folder.is_dir():
+        how = (f"stored as {stored!r}, relative to the manifest's folder" if not os.path.isabs(stored)
+               else "stored absolute")
+        raise FileNotFoundError(
+            f"{path}: the tokenizer folder {folder} ({how}) does not exist; copy the tokenizer folder along with the "
+            f"corpus so it sits at that place again, or rebuild the corpus with build_indexed.py --tokenizer DIR")
+    return folder
+
+
+def _read_stored(path: Path) -> dict:
+    """The manifest at ``path`` validated, exactly as stored."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -1,5 +1,5 @@
-"""Reading inputs (data_prep/sources.py) and sentence splitting (data_prep/sentences.py): layouts, compression,
-byte-range pieces, every kind of bad input, builtin:pydocs."""
+"""Reading inputs (data_prep/sources.py, data_prep/input_files.py) and sentence splitting (data_prep/sentences.py):
+layouts, compression, byte-range pieces, every kind of bad input, builtin:pydocs."""
 import bz2
 import gzip
 import json
@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import zstandard
 
-from data_prep import sources
+from data_prep import input_files, sources
 from data_prep.sentences import split_sentences
 
 
@@ -45,7 +45,7 @@ def test_txt_documents_and_lines_counted_exactly(en_corpus):
 @pytest.mark.parametrize("chunk", [997, 20_000, 400_000])
 def test_pieces_cover_every_document_once(en_corpus, tmp_path, chunk):
     whole, _, _ = read(en_corpus)
-    bounds = sources.piece_bounds(str(en_corpus), chunk)
+    bounds = input_files.piece_bounds(str(en_corpus), chunk)
     assert len(bounds) > 1 and bounds[0][0] == 0 and bounds[-1][1] is None
     parts = []
     for start, end in bounds:
@@ -55,7 +55,7 @@ def test_pieces_cover_every_document_once(en_corpus, tmp_path, chunk):
     jl = tmp_path / "c.jsonl"
     jl.write_text("".join(json.dumps({"text": "\n".join(d)}) + "\n" for d in whole[:3000]), encoding="utf-8")
     parts = []
-    for start, end in sources.piece_bounds(str(jl), chunk):
+    for start, end in input_files.piece_bounds(str(jl), chunk):
         parts += [d.lines for d in sources.iter_documents(str(jl), start=start, end=end)]
     assert parts == whole[:3000]
 
@@ -77,7 +77,7 @@ def test_compressed_and_jsonl_inputs_read_like_plain_text(en_corpus, tmp_path):
     (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
     docs, skipped, _ = read(tmp_path / "b.jsonl.gz", json_key="body")
     assert docs == plain and not skipped
-    assert sources.piece_bounds(str(tmp_path / "a.txt.gz"), 1000) == [(0, None)]  # compressed: one piece
+    assert input_files.piece_bounds(str(tmp_path / "a.txt.gz"), 1000) == [(0, None)]  # compressed: one piece
 
 
 def test_expand_inputs(tmp_path):
@@ -85,17 +85,17 @@ def test_expand_inputs(tmp_path):
     for name in ("d/b.txt", "d/a.jsonl", "d/sub/c.txt.gz", "d/.hidden.txt", "d/notes.md", "e.txt"):
         (tmp_path / name).write_bytes(b"x\n")
     skipped, where = Counter(), []
-    got = sources.expand_inputs([str(tmp_path / "d"), str(tmp_path / "*.txt"), str(tmp_path / "e.txt"),
+    got = input_files.expand_inputs([str(tmp_path / "d"), str(tmp_path / "*.txt"), str(tmp_path / "e.txt"),
                                  "builtin:pydocs"], skipped, lambda r, w: where.append(w))
     rel = [os.path.relpath(p, tmp_path) if p != "builtin:pydocs" else p for p in got]
     assert rel == ["d/a.jsonl", "d/b.txt", "d/sub/c.txt.gz", "e.txt", "builtin:pydocs"]
     assert skipped == {"unsupported_file": 1} and where[0].endswith("notes.md")
     with pytest.raises(sources.InputError, match="nothing.txt"):
-        sources.expand_inputs([str(tmp_path / "nothing.txt")])
+        input_files.expand_inputs([str(tmp_path / "nothing.txt")])
     with pytest.raises(sources.InputError, match=r"\*.parquet"):
-        sources.expand_inputs([str(tmp_path / "*.parquet")])
+        input_files.expand_inputs([str(tmp_path / "*.parquet")])
     with pytest.raises(sources.InputError, match="notes.md: unsupported input type"):
-        sources.expand_inputs([str(tmp_path / "d" / "notes.md")])
+        input_files.expand_inputs([str(tmp_path / "d" / "notes.md")])
 
 
 def test_bad_text_lines_are_dropped_and_counted_with_their_line(tmp_path):
@@ -162,10 +162,10 @@ def test_unreadable_input_stops_with_the_file_named(tmp_path):
         list(sources.iter_documents(str(as_dir)))
     gone = tmp_path / "gone.txt"
     gone.write_text("a\n")
-    files = sources.expand_inputs([str(gone)])
+    files = input_files.expand_inputs([str(gone)])
     gone.unlink()
     with pytest.raises(sources.InputError, match="gone.txt: cannot read"):
-        sources.check_readable(files[0])
+        input_files.check_readable(files[0])
 
 
 def test_long_txt_document_is_split_not_held(tmp_path):
@@ -179,18 +179,27 @@ def test_long_txt_document_is_split_not_held(tmp_path):
 
 def test_builtin_pydocs_is_the_stdlib_docstrings():
     # read through module-index pieces (what build_indexed does), one pass: parsing the stdlib takes seconds
-    bounds = sources.piece_bounds("builtin:pydocs", 1 << 20)
+    bounds = input_files.piece_bounds("builtin:pydocs", 1 << 20)
     assert len(bounds) > 2
     skipped = Counter()
     docs = [d for a, b in bounds for d in sources.iter_documents("builtin:pydocs", skipped=skipped, start=a, end=b)]
     modules = [d.source.split(":", 2)[2] for d in docs]
     assert len(docs) > 200 and modules == sorted(set(modules))  # each module once, in order
-    assert len(docs) + sum(skipped.values()) == len(sources._pydocs_files())  # every module read or counted
+    assert len(docs) + sum(skipped.values()) == len(input_files._pydocs_files())  # every module read or counted
     by_module = dict(zip(modules, docs))
     assert by_module["json/__init__.py"].lines[0].startswith("JSON (JavaScript Object Notation)")
     assert not any("/test/" in name or name.startswith("test/") for name in modules)
     assert set(skipped) <= {"empty_document", "pydocs_unparsable"}
-    assert sum(sources.piece_size("builtin:pydocs", a, b) for a, b in bounds) == sources.input_bytes("builtin:pydocs")
+    total = input_files.input_bytes("builtin:pydocs")
+    assert sum(input_files.piece_size("builtin:pydocs", a, b) for a, b in bounds) == total
+
+
+def test_names_moved_to_input_files_still_import_from_sources():
+    """input_files.py was split out of sources.py: callers that use sources.X keep working."""
+    for name in ("InputError", "PYDOCS", "MAX_LINE_BYTES", "MAX_DOCUMENT_BYTES", "expand_inputs", "input_bytes",
+                 "input_format", "piece_size", "piece_bounds", "check_readable", "open_binary", "is_splittable",
+                 "_pydocs_files"):
+        assert getattr(sources, name) is getattr(input_files, name), name
 
 
 @pytest.mark.parametrize("line,expected", [

@@ -1,0 +1,326 @@
+"""Finding, opening and cutting corpus inputs: which files a spec names, their decompressed byte streams, and the
+byte ranges ("pieces") one large file is spread over workers in. What is *in* the files (documents, bad lines) is
+read by data_prep/sources.py, which re-exports everything here; its docstring has the bad-input table.
+
+Inputs: files, directories (recursive, sorted, hidden entries skipped), globs and ``builtin:pydocs`` (the installed
+standard library's ``.py`` files, listed here by ``_pydocs_files``). Names decide the layout: ``.txt``/``.text``,
+``.jsonl``/``.json``/``.ndjson``, optionally compressed ``.gz``, ``.bz2``, ``.zst``/``.zstd`` (decompressed as a
+stream, never whole). A spec that matches nothing, an explicitly named file of another type, or a file that cannot
+be opened raises ``InputError`` naming it.
+
+Pieces: an uncompressed file can be read as byte ranges (``piece_bounds`` + ``sources.iter_documents(start=,
+end=)``) so that one large file spreads over many workers. A range ``[start, end)`` owns the documents whose first
+byte lies in ``cut(start) .. cut(end)``, where ``cut(c)`` is the position just after the first blank line at or
+after ``c`` (.txt) or the first line start at or after ``c`` (.jsonl). Every reader computes the same cuts, so every
+document is read exactly once and the documents are the same as a whole-file read. Compressed files are one piece
+each (a compressed stream cannot be entered in the middle). For pydocs the bounds are module indices.
+"""
+from __future__ import annotations
+
+import bz2
+import functools
+import glob
+import gzip
+import io
+import os
+import sysconfig
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+PYDOCS = "builtin:pydocs"
+COMPRESSIONS = (".gz", ".bz2", ".zst", ".zstd")
+TEXT_SUFFIXES = (".txt", ".text")
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+MAX_LINE_BYTES = 16 << 20
+MAX_DOCUMENT_BYTES = 64 << 20
+_SKIP_CHUNK = 1 << 20
+
+SkipHook = Callable[[str, str], None]
+
+
+class InputError(ValueError):
+    """An input problem that stops the run; the message names the file and says what to do."""
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+
+
+def input_format(path: str) -> str:
+    """``txt``, ``jsonl`` or ``pydocs`` from the name; InputError for anything else."""
+    if path == PYDOCS:
+        return "pydocs"
+    name = path.lower()
+    for comp in COMPRESSIONS:
+        if name.endswith(comp):
+            name = name[: -len(comp)]
+            break
+    if name.endswith(TEXT_SUFFIXES):
+        return "txt"
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    raise InputError(
+        f"{path}: unsupported input type; name text files *.txt and JSON-lines files *.jsonl "
+        f"(optionally compressed: {', '.join(COMPRESSIONS)})"
+    )
+
+
+def _supported(path: str) -> bool:
+    try:
+        input_format(path)
+        return True
+    except InputError:
+        return False
+
+
+def expand_inputs(specs: list[str], skipped: Counter | None = None, on_skip: SkipHook | None = None) -> list[str]:
+    """Files, directories (recursively, sorted, hidden entries skipped) and globs -> a list of files, in order.
+
+    Duplicates are kept once (first occurrence). A spec that matches nothing raises InputError naming it. Files
+    inside a directory that are not .txt/.jsonl are counted as ``unsupported_file``; an explicitly named one is an
+    error.
+    """
+    out: list[str] = []
+    seen: set[str] = set()
+
+    def add(path: str) -> None:
+        if path not in seen:
+            seen.add(path)
+            out.append(path)
+
+    def add_dir(root: str) -> None:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(filenames):
+                if name.startswith("."):
+                    continue
+                path = os.path.join(dirpath, name)
+                if _supported(path):
+                    add(path)
+                else:
+                    if skipped is not None:
+                        skipped["unsupported_file"] += 1
+                    if on_skip is not None:
+                        on_skip("unsupported_file", path)
+
+    for spec in specs:
+        if spec == PYDOCS:
+            add(PYDOCS)
+            continue
+        if any(ch in spec for ch in "*?["):
+            matches = sorted(glob.glob(spec, recursive=True))
+        elif os.path.exists(spec):
+            matches = [spec]
+        else:
+            matches = []
+        if not matches:
+            raise InputError(f"input {spec!r} matches no file or directory; check the path (and quote globs)")
+        for path in matches:
+            if os.path.isdir(path):
+                before = len(out)
+                add_dir(path)
+                if len(out) == before and spec == path:
+                    raise InputError(f"input directory {spec!r} holds no .txt or .jsonl files")
+            else:
+                input_format(path)
+                add(path)
+    return out
+
+
+def input_bytes(path: str) -> int:
+    """Size on disk (for pydocs: the bytes of the standard-library sources it reads)."""
+    if path == PYDOCS:
+        return sum(size for _, _, size in _pydocs_files())
+    try:
+        return os.path.getsize(path)
+    except OSError as err:
+        raise InputError(f"{path}: cannot read ({err.strerror}); fix permissions or remove it from --input") from err
+
+
+def piece_size(path: str, start: int, end: int | None) -> int:
+    """Input bytes of a piece from ``piece_bounds`` (for pydocs: the source bytes of its modules)."""
+    if path == PYDOCS:
+        return sum(size for _, _, size in _pydocs_files()[start:end])
+    if not is_splittable(path):
+        return input_bytes(path)
+    return (input_bytes(path) if end is None else end) - start
+
+
+def check_readable(path: str) -> None:
+    """Open and read one byte, so that an unreadable input stops the run before any work starts."""
+    if path == PYDOCS:
+        return
+    try:
+        with open(path, "rb") as fh:
+            fh.read(1)
+    except OSError as err:
+        raise InputError(f"{path}: cannot read ({err.strerror}); fix permissions or remove it from --input") from err
+
+
+# ---------------------------------------------------------------------------------------------------- streams
+
+
+class _ZstdReader(io.RawIOBase):
+    """zstandard's stream_reader reports a truncated stream as a clean EOF; this one raises EOFError instead."""
+
+    def __init__(self, fh: BinaryIO):
+        import zstandard
+
+        self._fh = fh
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._dobj = self._new()
+        self._buf = b""
+        self._started = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self._buf:
+            chunk = self._fh.read(1 << 16)
+            if not chunk:
+                if self._started and not self._dobj.eof:
+                    raise EOFError("zstd stream ended before the end of its frame")
+                return 0
+            self._started = True
+            if self._dobj.eof:  # a new frame follows the previous one
+                self._dobj = self._new()
+            self._buf = self._dobj.decompress(chunk)
+            while self._dobj.eof and self._dobj.unused_data:
+                rest = self._dobj.unused_data
+                self._dobj = self._new()
+                self._buf += self._dobj.decompress(rest)
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def close(self) -> None:
+        self._fh.close()
+        super().close()
+
+
+def open_binary(path: str) -> BinaryIO:
+    """The decompressed byte stream of ``path``; InputError when it cannot be opened."""
+    try:
+        name = path.lower()
+        if name.endswith(".gz"):
+            return gzip.open(path, "rb")
+        if name.endswith(".bz2"):
+            return bz2.open(path, "rb")
+        if name.endswith((".zst", ".zstd")):
+            return io.BufferedReader(_ZstdReader(open(path, "rb")), buffer_size=1 << 20)
+        return open(path, "rb", buffering=1 << 20)
+    except OSError as err:
+        raise InputError(f"{path}: cannot read ({err.strerror}); fix permissions or remove it from --input") from err
+
+
+# Errors a corrupt or cut-off compressed stream raises while being read (gzip: EOFError, BadGzipFile (an
+# OSError), zlib.error; bz2: EOFError, OSError; zstd: EOFError from _ZstdReader, ZstdError).
+def _stream_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [EOFError, zlib.error, gzip.BadGzipFile]
+    try:
+        import zstandard
+
+        errors.append(zstandard.ZstdError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def is_splittable(path: str) -> bool:
+    """Whether ``path`` can be read in byte ranges (uncompressed files and pydocs' module list)."""
+    return path == PYDOCS or not path.lower().endswith(COMPRESSIONS)
+
+
+def _read_line(fh: BinaryIO, limit: int) -> tuple[bytes | None, int]:
+    """One line of at most ``limit`` bytes -> (line, bytes consumed); (None, n) for a longer line (skipped in 1 MiB
+    reads so it is never held whole); (b"", 0) at the end."""
+    raw = fh.readline(limit + 1)
+    if len(raw) <= limit or raw.endswith(b"\n"):
+        return raw, len(raw)
+    consumed = len(raw)
+    while True:
+        more = fh.readline(_SKIP_CHUNK)
+        consumed += len(more)
+        if not more or more.endswith(b"\n"):
+            return None, consumed
+
+
+def _cut(fh: BinaryIO, c: int, size: int, fmt: str, limit: int) -> int:
+    """The piece boundary at or after byte ``c`` (see the module docstring)."""
+    if c <= 0:
+        return 0
+    if c >= size:
+        return size
+    fh.seek(c - 1)
+    pos = c
+    if fh.read(1) != b"\n":
+        raw, n = _read_line(fh, limit)
+        pos += n
+    if fmt == "jsonl":
+        return min(pos, size)
+    while pos < size:
+        raw, n = _read_line(fh, limit)
+        if n == 0:
+            break
+        pos += n
+        if raw is not None and not raw.strip():
+            return pos
+    return size
+
+
+def piece_bounds(path: str, chunk_bytes: int, max_line_bytes: int = MAX_LINE_BYTES) -> list[tuple[int, int]]:
+    """Split ``path`` into ~``chunk_bytes`` pieces cut at document boundaries -> [(start, end)], end None = EOF.
+
+    Compressed files are one piece. For pydocs the bounds are module indices, cut by source bytes.
+    """
+    if path == PYDOCS:
+        files = _pydocs_files()
+        bounds, start, acc = [], 0, 0
+        for i, (_, _, size) in enumerate(files):
+            acc += size
+            if acc >= chunk_bytes and i + 1 < len(files):
+                bounds.append((start, i + 1))
+                start, acc = i + 1, 0
+        bounds.append((start, None))
+        return bounds
+    if not is_splittable(path):
+        return [(0, None)]
+    size = input_bytes(path)
+    fmt = input_format(path)
+    cuts = [0]
+    with open_binary(path) as fh:
+        c = chunk_bytes
+        while c < size:
+            cut = _cut(fh, c, size, fmt, max_line_bytes)
+            if cut >= size:
+                break
+            if cut > cuts[-1]:
+                cuts.append(cut)
+            c = max(cut, c) + chunk_bytes
+    return [(a, b) for a, b in zip(cuts, cuts[1:])] + [(cuts[-1], None)]
+
+
+
+# ---------------------------------------------------------------------------------------------------- pydocs files
+
+_PYDOCS_EXCLUDE = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+
+
+@functools.lru_cache(maxsize=1)
+def _pydocs_files() -> list[tuple[str, Path, int]]:
+    """(relative path, path, size) of the standard library's .py files, sorted; test suites left out."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    found = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root)
+        if _PYDOCS_EXCLUDE.intersection(rel.parts[:-1]) or rel.name.startswith("test_"):
+            continue
+        try:
+            found.append((rel.as_posix(), path, path.stat().st_size))
+        except OSError:
+            continue
+    found.sort()
+    return found

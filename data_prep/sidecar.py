@@ -1,0 +1,164 @@
+"""The ERNIE span side-car: one span file per shard, its writer and its reader, and moving spans into samples.
+
+ERNIE 1.0's phrase- and entity-level masking needs, for every sequence in the shards, which token ranges form a
+phrase or a named entity. They are computed once at data-prep time and stored beside each shard:
+
+``PREFIX_00000.spans.npy``  int32 ``[M, 4]`` rows ``(sequence, token_start, token_end, kind)``, ``token_end``
+                            exclusive, ``sequence`` the index of the sequence (sentence) inside the shard, exactly as
+                            megatron-core's ``IndexedDataset(PREFIX_00000)[sequence]`` numbers them; ``kind`` 0 =
+                            entity, 1 = phrase. Rows sorted by (sequence, token_start). Opened with ``mmap_mode="r"``.
+``PREFIX_00000.spans.json`` ``{"format": "bertfamily-spans", "version": 1, "annotator": SPEC, "sequences": N,
+                            "spans": M, "kinds": ["entity", "phrase"], "stats": {...}}``; written last, so its presence
+                            marks a complete side-car.
+
+Spans never cross a sequence boundary (a sample is built from whole sequences, so such a span could not be masked
+whole anyway). Spans of one kind do not overlap; an entity and a phrase may. The hook for ``build_indexed.py``
+(annotators: data_prep/annotators.py):
+
+    annotator = make_annotator("jieba")                          # once per process, from --annotate
+    writer = SidecarWriter(shard_prefix, annotator, tokenizer_dir)  # beside each shard's IndexedDatasetBuilder
+    writer.add_document(sentences, ids_per_sentence)             # with every document added to the shard
+    writer.finalize()                                            # when the shard is finalized
+
+The trainer only reads (``SidecarReader``, ``place_spans``); this module imports no annotator code for that.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from data_prep.annotators import Annotator
+
+KINDS = ("entity", "phrase")
+ENTITY, PHRASE = 0, 1
+FORMAT = "bertfamily-spans"
+VERSION = 1
+
+
+def _dedupe_kind_overlaps(spans: np.ndarray) -> np.ndarray:
+    """Sort by (start, kind) and drop a span overlapping an earlier one of its kind (keeps the format's promise)."""
+    if len(spans) < 2:
+        return spans
+    spans = spans[np.lexsort((-spans[:, 1], spans[:, 0], spans[:, 2]))]
+    keep = np.ones(len(spans), bool)
+    last_end = {ENTITY: -1, PHRASE: -1}
+    for i, (s, e, k) in enumerate(spans.tolist()):  # k spans per sentence, a handful: a loop is cheapest here
+        if s < last_end[k]:
+            keep[i] = False
+        else:
+            last_end[k] = e
+    spans = spans[keep]
+    return spans[np.lexsort((spans[:, 2], spans[:, 0]))]
+
+
+class SidecarWriter:
+    """Writes ``SHARD.spans.npy`` and ``SHARD.spans.json`` atomically (temporary names, then ``os.replace``)."""
+
+    def __init__(self, shard_prefix: str | Path, annotator: Annotator | None = None,
+                 tokenizer_dir: str | Path | None = None, spec: str | None = None):
+        self.prefix = str(shard_prefix)
+        self.spec = spec or (annotator.spec if annotator is not None else "external")
+        self._doc = None
+        if annotator is not None:
+            # imported here: annotators import this module (for the kinds), and readers never need them
+            from data_prep.annotators import DocumentAnnotator
+
+            self._doc = DocumentAnnotator(annotator, tokenizer_dir)
+        self._chunks: list[np.ndarray] = []
+        self._sequences = 0
+        self.stats: Counter = Counter()
+
+    def add_document(self, sentences: Sequence[str], ids_per_sentence: Sequence[Sequence[int]] | None = None):
+        """The sentences of one document as build_indexed adds them; sentences with no tokens are skipped, as
+        build_indexed skips them (they never become sequences)."""
+        if self._doc is None:
+            raise RuntimeError("SidecarWriter was made without an annotator; use add_document_spans")
+        if ids_per_sentence is not None:
+            keep = [i for i, ids in enumerate(ids_per_sentence) if len(ids)]
+            sentences = [sentences[i] for i in keep]
+            ids_per_sentence = [ids_per_sentence[i] for i in keep]
+        self.add_document_spans(self._doc(sentences, ids_per_sentence))
+
+    def add_document_spans(self, spans_per_sentence: Sequence[np.ndarray]):
+        """One ``[k, 3]`` array (token_start, token_end, kind) per sequence, in the order they enter the shard."""
+        for spans in spans_per_sentence:
+            spans = _dedupe_kind_overlaps(np.asarray(spans, dtype=np.int32).reshape(-1, 3))
+            if len(spans):
+                seq = np.full((len(spans), 1), self._sequences, np.int32)
+                self._chunks.append(np.concatenate([seq, spans], axis=1))
+            self._sequences += 1
+
+    def finalize(self) -> dict:
+        arr = np.concatenate(self._chunks) if self._chunks else np.zeros((0, 4), np.int32)
+        stats = dict(self.stats)
+        if self._doc is not None:
+            stats.update(self._doc.stats)
+            misses = getattr(self._doc.annotator, "misses", None)
+            if misses is not None:
+                stats["unannotated_sequences"] = misses
+        header = {"format": FORMAT, "version": VERSION, "annotator": self.spec, "sequences": self._sequences,
+                  "spans": int(len(arr)), "kinds": list(KINDS), "stats": stats}
+        npy, js = self.prefix + ".spans.npy", self.prefix + ".spans.json"
+        with open(npy + ".tmp", "wb") as f:
+            np.save(f, arr)
+        os.replace(npy + ".tmp", npy)
+        with open(js + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(header, f, indent=1, ensure_ascii=False)
+        os.replace(js + ".tmp", js)
+        return header
+
+
+class SidecarReader:
+    """Spans of one shard, memory-mapped. ``reader[seq]`` -> ``int32 [k, 3]`` (token_start, token_end, kind)."""
+
+    def __init__(self, shard_prefix: str | Path, expect_sequences: int | None = None):
+        self.prefix = str(shard_prefix)
+        js = self.prefix + ".spans.json"
+        if not os.path.exists(js):
+            raise FileNotFoundError(f"{js} not found: build the shards with `build_indexed.py --annotate SPEC` "
+                                    "(ERNIE phrase/entity masking needs them)")
+        with open(js, encoding="utf-8") as f:
+            self.header = json.load(f)
+        if self.header.get("format") != FORMAT or self.header.get("version") != VERSION:
+            raise ValueError(f"{js}: format {self.header.get('format')!r} v{self.header.get('version')} is not "
+                             f"{FORMAT} v{VERSION}")
+        self.sequences = int(self.header["sequences"])
+        if expect_sequences is not None and expect_sequences != self.sequences:
+            raise ValueError(f"{js} covers {self.sequences} sequences but the shard has {expect_sequences}: "
+                             "the side-car belongs to another build; rebuild with --annotate")
+        self.spans = np.load(self.prefix + ".spans.npy", mmap_mode="r")
+        if self.spans.shape != (self.header["spans"], 4):
+            raise ValueError(f"{self.prefix}.spans.npy has shape {self.spans.shape}, header says "
+                             f"({self.header['spans']}, 4): the file is truncated or from another build")
+        # Row pointer per sequence (CSR): 8 bytes per sequence, computed once at open from the sorted column.
+        self._ptr = np.searchsorted(np.asarray(self.spans[:, 0]), np.arange(self.sequences + 1), side="left")
+
+    def __len__(self) -> int:
+        return self.sequences
+
+    def __getitem__(self, seq: int) -> np.ndarray:
+        return np.asarray(self.spans[self._ptr[seq]:self._ptr[seq + 1], 1:])
+
+    def range(self, first: int, stop: int) -> np.ndarray:
+        """All spans of sequences ``[first, stop)``, ``int32 [k, 4]`` with the sequence index in column 0."""
+        return np.asarray(self.spans[self._ptr[first]:self._ptr[stop]])
+
+
+def place_spans(spans_per_sequence: Sequence[np.ndarray], starts: Sequence[int], lengths: Sequence[int]
+                ) -> np.ndarray:
+    """Move per-sequence token spans into sample coordinates: sequence i was copied to ``[starts[i], starts[i] +
+    lengths[i])`` of the sample (``lengths`` < the sequence's length when a sample truncates it). Spans cut by the
+    truncation are dropped, not shortened: half an entity is not a knowledge unit. Returns ``int32 [k, 3]``."""
+    out = []
+    for spans, start, length in zip(spans_per_sequence, starts, lengths):
+        spans = np.asarray(spans).reshape(-1, 3)
+        spans = spans[spans[:, 1] <= length]
+        if len(spans):
+            out.append(spans + np.array([start, start, 0], dtype=spans.dtype))
+    return np.concatenate(out).astype(np.int32) if out else np.zeros((0, 3), np.int32)
