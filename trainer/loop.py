@@ -134,24 +134,31 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        """Mean of every metric over the held-out micro-batches that report it, over all ranks. Batches may differ in
+        what they report (ERNIE's DLM batches, one ERNIE 2.0 task per batch), so each key is averaged over its own
+        batches, never diluted by batches without it."""
         self.engine.train(False)
-        sums: dict[str, torch.Tensor] = {}
-        count = 0
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
         for i, batch in enumerate(self.comps.eval_batches()):
             if i >= self.cfg.train.eval_batches:
                 break
             loss, metrics = self.engine(self.comps.loss, _to_device(batch, self.engine.device))
             for k, v in {"loss": loss, **metrics}.items():
-                sums[k] = sums.get(k, 0.0) + torch.as_tensor(v, device=self.engine.device).double()
-            count += 1
+                sums[k] = sums.get(k, 0.0) + float(torch.as_tensor(v).double())
+                counts[k] = counts.get(k, 0) + 1
         self.engine.train(True)
         keys = sorted(sums)
-        count_t = torch.tensor(float(count), dtype=torch.float64, device=self.engine.device)
-        packed = torch.stack([*(sums[k] for k in keys), count_t])
+        if dist.is_initialized() and self.world_size > 1:  # ranks may have seen different keys: agree on the union
+            gathered: list = [None] * self.world_size
+            dist.all_gather_object(gathered, keys)
+            keys = sorted(set().union(*gathered))
+        packed = torch.tensor([sums.get(k, 0.0) for k in keys] + [float(counts.get(k, 0)) for k in keys],
+                              dtype=torch.float64, device=self.engine.device)
         if dist.is_initialized() and self.world_size > 1:
             dist.all_reduce(packed)
-        values = packed.tolist()
-        return {k: values[i] / values[-1] for i, k in enumerate(keys)}
+        values, n = packed[:len(keys)].tolist(), packed[len(keys):].tolist()
+        return {k: values[i] / n[i] for i, k in enumerate(keys) if n[i] > 0}
 
     # --- the run ------------------------------------------------------------------------------------------------
 

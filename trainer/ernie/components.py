@@ -48,32 +48,39 @@ def build_objective(obj_cfg):
     return objective_class(obj_cfg.name)(obj_cfg.options)
 
 
-def build_dataset(cfg, tokenizer, objective, split: str = "train"):
-    """The ERNIE dataset of a run config and its objective -> (dataset, continual plan or None)."""
-    from trainer.ernie.continual import ContinualPlan
+def build_dataset(cfg, tokenizer, objective, split: str = "train", global_batch: int | None = None):
+    """The ERNIE dataset of a run config and its objective -> (dataset, continual plan or None).
+
+    ``split="valid"`` reads ``data.valid_corpora``: rows masked at the last knowledge-masking stage's level; ERNIE 2.0
+    batches follow ``EvalPlan`` (every task in turn), ERNIE 1.0's DLM batches come from ``dlm.valid_path`` (none
+    without it). ``global_batch`` is the positions per step (evaluation: micro batch x ranks, one step per batch)."""
+    from trainer.ernie.continual import ContinualPlan, EvalPlan
     from trainer.ernie.data import KnowledgeMaskedDataset, MultiTaskDataset
     from trainer.ernie.tasks import PairTaskFile
 
     opt = objective.options
-    G = cfg.train.global_batch_size
+    G = global_batch or cfg.train.global_batch_size
     if objective.name == "ernie2":
         plan = ContinualPlan(opt.continual)
-        if cfg.train.steps > plan.total_steps:
+        if split == "train" and cfg.train.steps > plan.total_steps:
             raise ValueError(f"train.steps = {cfg.train.steps} but the continual plan has {plan.total_steps} steps "
                              f"(the tasks' iterations); lower train.steps or raise iterations:\n{plan.describe()}")
         pairs = {name: PairTaskFile(getattr(opt, name).path, getattr(opt, name).labels, tokenizer.encode)
                  for name in ("discourse", "ir_relevance") if getattr(opt, name) is not None}
-        return MultiTaskDataset(cfg.data, tokenizer, cfg.seed, split, opt.knowledge_masking, G, plan,
+        rows = plan if split == "train" else EvalPlan(opt.continual)
+        return MultiTaskDataset(cfg.data, tokenizer, cfg.seed, split, opt.knowledge_masking, G, rows,
                                 opt.reorder_max_pieces, pairs, opt.token_document_max_tokens), plan
     dialogues, dlm = None, opt.dlm
-    if dlm is not None:
+    path = None if dlm is None else dlm.path if split == "train" else dlm.valid_path
+    if path is not None:
         from data_prep.annotate import make_annotator
         from trainer.ernie.dlm import DialogueFile
 
         annotator = make_annotator(dlm.annotate) if dlm.annotate else None
-        dialogues = DialogueFile(dlm.path, tokenizer, annotator, tokenizer.path if annotator else None)
+        dialogues = DialogueFile(path, tokenizer, annotator, tokenizer.path if annotator else None)
     ds = KnowledgeMaskedDataset(cfg.data, tokenizer, cfg.seed, split, opt.knowledge_masking, G, dialogues,
-                                dlm.every if dlm else 0, dlm.num_turns if dlm else 3, dlm.fake_prob if dlm else 0.5)
+                                dlm.every if dialogues else 0, dlm.num_turns if dlm else 3,
+                                dlm.fake_prob if dlm else 0.5)
     return ds, None
 
 
@@ -99,9 +106,15 @@ def ernie_components(cfg, rank: int, world_size: int, device: str, objective=Non
                                      cfg.train.steps * G, cfg.data.num_workers, cfg.data.prefetch_factor))
 
     eval_batches = None
-    if cfg.data.valid_corpora and plan is None:  # ERNIE 2.0 evaluation would need a task per eval batch: not yet
-        valid, _ = build_dataset(cfg, tokenizer, objective, "valid")
+    if cfg.data.valid_corpora:
         per_eval = cfg.train.eval_batches * micro * world_size
+        # one evaluation "step" per micro-batch: batch a is the same kind (task, DLM or not) on every rank
+        valid, _ = build_dataset(cfg, tokenizer, objective, "valid", global_batch=micro * world_size)
+        formats = getattr(valid.plan, "formats", None) if plan is not None else None
+        if formats and cfg.train.eval_batches < len(formats):
+            print0(f"warning: train.eval_batches = {cfg.train.eval_batches} evaluates only the first "
+                   f"{cfg.train.eval_batches} of the {len(formats)} ERNIE 2.0 batch kinds {formats}; "
+                   f"set it to a multiple of {len(formats)} to measure every task")
 
         def eval_batches():
             return build_dataloader(valid, collate, 0, per_eval, micro, rank, world_size, per_eval, 0)

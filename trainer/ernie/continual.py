@@ -158,3 +158,19 @@ class ContinualPlan:
             parts = ", ".join(f"{self.names[k]} {int(n)}" for k, n in enumerate(self.per_stage[s]) if n)
             lines.append(f"stage {s}: steps [{self.stage_bounds[s]}, {self.stage_bounds[s + 1]}): {parts}")
         return "\n".join(lines)
+
+
+class EvalPlan:
+    """The evaluation counterpart of ``ContinualPlan``: held-out batch ``a`` evaluates every token-level task of the
+    plan together with one batch format, cycling through the sentence-level tasks and plain rows. So ``F`` (the
+    number of formats) consecutive evaluation batches measure every task, including tasks not introduced yet (which
+    shows what a stage adds, and in ``sequential`` mode what is forgotten)."""
+
+    def __init__(self, cfg: ContinualConfig):
+        self.names = [t.name for t in cfg.tasks]
+        token = [t.name for t in cfg.tasks if t.level == "token"]
+        sentence = [t.name for t in cfg.tasks if t.level == "sentence"]
+        self.formats = [[*token, s] for s in sentence] + ([token] if token else [])
+
+    def tasks_at(self, step: int) -> list[str]:
+        return self.formats[step % len(self.formats)]

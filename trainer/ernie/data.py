@@ -69,6 +69,8 @@ class ErnieCorpusBase(PretrainingDataset):
                              "data.pack_doc_sentences: false (one document's consecutive sentences per row)")
         super().__init__(cfg, tokenizer, seed, split)
         self.km, self.global_batch = km, int(global_batch)
+        # held-out rows are masked at the last stage's level at every evaluation: one fixed yardstick
+        self.fixed_level = None if split == "train" else km.stages[-1].level
         self.tok = tokenizer
         self.word_start = np.asarray(tokenizer.word_start, bool)
         self.special = np.asarray(tokenizer.special_ids, np.int64)
@@ -78,6 +80,9 @@ class ErnieCorpusBase(PretrainingDataset):
         self.is_special = special  # table lookup per token: cheaper than np.isin per sample
         self.spans = [CorpusSpans(c) for c in self.corpora] if spans else None
         self.cums = [b.cum for b in self.builders]
+
+    def level_at(self, step: int) -> str:
+        return self.fixed_level or self.km.level_at(step)
 
     def chunk(self, c: int, sample_id: int) -> tuple[int, int]:
         start, end, _ = (int(x) for x in self.builders[c].index.sample_chunks(sample_id)[0])
@@ -138,7 +143,7 @@ class KnowledgeMaskedDataset(ErnieCorpusBase):
 
     def build_row(self, position: int) -> dict:
         step = position // self.global_batch
-        level = self.km.level_at(step)
+        level = self.level_at(step)
         if self.is_dlm_step(step):
             rng = sample_rng(self.seed, DLM_CORPUS_KEY, 0, position)
             s = dlm_sample(self.dialogues, int(rng.integers(0, len(self.dialogues))), rng, self.cfg.max_seq_length,
@@ -171,7 +176,7 @@ class MultiTaskDataset(ErnieCorpusBase):
     def build_row(self, position: int) -> dict:
         step = position // self.global_batch
         names = set(self.plan.tasks_at(step))
-        level = self.km.level_at(step)
+        level = self.level_at(step)
         sentence_task = next((n for n in self.plan.names if n in names and n in SENTENCE_TASKS), None)
         if sentence_task in ("discourse", "ir_relevance"):
             rng = sample_rng(self.seed, PAIR_CORPUS_KEY, 0, position)
@@ -187,12 +192,14 @@ class MultiTaskDataset(ErnieCorpusBase):
             start, end = self.chunk(c, sample_id)
             if sentence_task == "sentence_reorder":
                 ids, label = self._reorder_row(c, start, end, rng)
-                row = self._token_tasks(ids, np.zeros((0, 3), np.int64), level, rng, names, (c, start, end))
+                row = self._token_tasks(ids, np.zeros((0, 3), np.int64), level, rng, names, [(c, start, end)])
                 row["token_type_ids"] = np.zeros(len(ids), np.int64)
                 row["sentence_reorder_label"] = label
             elif sentence_task == "sentence_distance":
-                ids, types, label, used = self._distance_row(c, start, rng)
-                row = self._token_tasks(ids, np.zeros((0, 3), np.int64), level, rng, names, (c,) + used)
+                ids, types, label, (i, j) = self._distance_row(c, start, rng)
+                # each sentence's tokens against the rest of its own document (B may come from another one)
+                row = self._token_tasks(ids, np.zeros((0, 3), np.int64), level, rng, names,
+                                        [(c, i, i + 1), (c, j, j + 1)], types)
                 row["token_type_ids"] = types
                 row["sentence_distance_label"] = label
             else:
@@ -202,35 +209,39 @@ class MultiTaskDataset(ErnieCorpusBase):
                 spans = np.zeros((0, 3), np.int64)
                 if self.spans is not None and level != "basic":
                     spans = place_chunk_spans(self.spans[c].range(start, end), start, self.cums[c], 1, len(toks))
-                row = self._token_tasks(ids, spans, level, rng, names, (c, start, end))
+                row = self._token_tasks(ids, spans, level, rng, names, [(c, start, end)])
                 row["token_type_ids"] = np.zeros(len(ids), np.int64)
         length = len(row["input_ids"]) if "input_ids" in row else len(row["_mask"][0])
         row["task_ids"] = np.full(length, T.TASK_ID[sentence_task or "mlm"], np.int64)
         return row
 
-    def _token_tasks(self, ids, spans, level, rng, names, source) -> dict:
+    def _token_tasks(self, ids, spans, level, rng, names, sources, segments=None) -> dict:
         cand = ~self.is_special[ids]
         out = {}
         if "capitalization" in names:
             ids, labels = T.capitalization_labels(ids, cand, self.word_start[ids], self.lower_id, self.capital)
             out["capitalization_labels"] = labels
         if "token_document" in names:
-            out["token_document_labels"] = self._token_document(ids, cand, source)
+            out["token_document_labels"] = self._token_document(ids, cand, sources, segments)
         if "mlm" in names:  # masking is the sample's last use of its generator: done later, batched
             out.update(self.pending(ids, spans, level, rng))
         else:
             out["input_ids"] = ids
         return out
 
-    def _token_document(self, ids, cand, source) -> np.ndarray:
-        if source is None:  # labelled pairs from a user file have no document
-            return np.full(len(ids), IGNORE, np.int64)
-        c, start, end = source[0], source[1], source[-1]
-        corpus = self.corpora[c]
-        d = int(corpus.document_of(start))
-        d0, d1 = int(corpus.doc_starts[d]), int(corpus.doc_starts[d + 1])
-        rest = np.concatenate([corpus.read(d0, start), corpus.read(end, d1)])[:self.tokdoc_max]
-        return T.token_document_labels(ids, rest, cand)
+    def _token_document(self, ids, cand, sources, segments=None) -> np.ndarray:
+        """Token-document labels of a row whose segment k (``segments == k``; all of it without ``segments``) holds
+        sentences [start, end) of corpus c, ``sources[k] = (c, start, end)``: each token against the other
+        sentences of its own segment's document. No sources (labelled pairs from a user file): no labels."""
+        labels = np.full(len(ids), IGNORE, np.int64)
+        for k, (c, start, end) in enumerate(sources or ()):
+            corpus = self.corpora[c]
+            d = int(corpus.document_of(start))
+            d0, d1 = int(corpus.doc_starts[d]), int(corpus.doc_starts[d + 1])
+            rest = np.concatenate([corpus.read(d0, start), corpus.read(end, d1)])[:self.tokdoc_max]
+            part = T.token_document_labels(ids, rest, cand)
+            labels = part if segments is None else np.where(segments == k, part, labels)
+        return labels
 
     def _reorder_row(self, c, start, end, rng) -> tuple[np.ndarray, int]:
         sentences = [self.corpora[c].read(k, k + 1) for k in range(start, end)]
@@ -253,7 +264,7 @@ class MultiTaskDataset(ErnieCorpusBase):
         i, j, label = T.sentence_distance_pair(start, corpus.doc_starts, rng)
         ids, types = T.pair_row(corpus.read(i, i + 1), corpus.read(j, j + 1), self.cfg.max_seq_length,
                                 self.tok.cls_id, self.tok.sep_id)
-        return ids, types, label, (i, i + 1)
+        return ids, types, label, (i, j)
 
 
 SENTENCE_TASKS = ("sentence_reorder", "sentence_distance", "discourse", "ir_relevance")

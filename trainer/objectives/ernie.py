@@ -33,6 +33,9 @@ class DlmConfig(BaseModel):
     """Probability that one turn of a sample is replaced by a turn of another dialogue (label: fake)."""
     annotate: str | None = None
     """Annotator for knowledge masking inside turns (jieba | gazetteer:FILE | jsonl:FILE); None = basic units."""
+    valid_path: str | None = None
+    """Held-out dialogues (same format) for evaluation's DLM batches (with data.valid_corpora and train.eval_every);
+    without it evaluation has MLM batches only: the training dialogues are not held out."""
 
 
 class PairTaskConfig(BaseModel):
