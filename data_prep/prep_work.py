@@ -190,7 +190,8 @@ def finalize(prefix: str, workdir: Path, pieces: list[Piece], inputs: list[str],
     input_info = [{"path": p, "bytes": sources.input_bytes(p)} for p in inputs]
     manifest = {
         "format": mf.FORMAT, "version": mf.VERSION, "tool_version": __version__,
-        # absolute: the trainer, export and annotate load it from here, whatever their working directory
+        # write_manifest stores it relative to the manifest's folder when it lies there or next to it (a corpus
+        # folder copied with its tokenizer still finds it); readers resolve it through manifest.tokenizer_dir
         "tokenizer": {"path": os.path.abspath(tokenizer_arg), "fingerprint": tokenizer.fingerprint, "kind": tokenizer.kind,
                       "vocab_size": tokenizer.vocab_size},
         "dtype": settings.dtype, "shards": shards,

@@ -139,3 +139,22 @@ def test_empty_tokenizer_path_is_kept_as_is(tmp_path):
     assert mf.read_manifest(tmp_path / "en")["tokenizer"]["path"] == ""
     with pytest.raises(FileNotFoundError, match="records no tokenizer folder"):
         mf.tokenizer_dir(tmp_path / "en")
+
+
+def test_trainer_takes_a_copied_corpus_and_names_a_missing_tokenizer(site, tmp_path):
+    """The trainer's `model.vocab_size: auto` / `pad_token_id: auto` read the copy's tokenizer; a corpus copied
+    without its tokenizer is a config error (exit 2 at launch) naming the manifest and the missing folder."""
+    from trainer.config import ConfigError, load_config
+
+    moved = tmp_path / "copy"
+    shutil.copytree(site, moved)
+    prefix = moved / "corpus" / "en"
+    cfg = load_config("tiny_bert", [f"data.corpora=[{{prefix: {prefix}}}]", "model.vocab_size=auto",
+                                    "model.pad_token_id=auto"])
+    tok = load_tokenizer(moved / "tok")
+    assert (cfg.model.vocab_size, cfg.model.pad_token_id) == (tok.vocab_size, tok.pad_id)
+    shutil.rmtree(moved / "tok")
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny_bert", [f"data.corpora=[{{prefix: {prefix}}}]", "model.vocab_size=auto",
+                                  "model.pad_token_id=auto"])
+    assert str(mf.manifest_path(prefix)) in str(err.value) and str(moved / "tok") in str(err.value)

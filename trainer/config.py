@@ -214,17 +214,17 @@ def _resolve_from_data(raw: dict) -> None:
         prefix = raw["data"]["corpora"][0]["prefix"]
     except (KeyError, IndexError, TypeError):
         raise ConfigError("model.vocab_size/pad_token_id: auto needs data.corpora[0].prefix") from None
-    from data_prep.manifest import read_manifest
+    from data_prep.manifest import read_manifest, tokenizer_dir
     try:
         tok = read_manifest(prefix)["tokenizer"]
+        model = dict(model)
+        if model.get("vocab_size") == "auto":
+            model["vocab_size"] = tok["vocab_size"]
+        if model.get("pad_token_id") == "auto":
+            from data_prep.tokenizer import load_tokenizer
+            model["pad_token_id"] = load_tokenizer(tokenizer_dir(prefix)).pad_id
     except (FileNotFoundError, ValueError) as err:
         raise ConfigError(f"model.vocab_size/pad_token_id: auto: {err}") from None
-    model = dict(model)
-    if model.get("vocab_size") == "auto":
-        model["vocab_size"] = tok["vocab_size"]
-    if model.get("pad_token_id") == "auto":
-        from data_prep.tokenizer import load_tokenizer
-        model["pad_token_id"] = load_tokenizer(tok["path"]).pad_id
     raw["model"] = model
 
 

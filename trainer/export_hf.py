@@ -35,11 +35,9 @@ def tokenizer_from_run(config: dict) -> Path | None:
     if not corpora:
         return None
     try:
-        from data_prep.manifest import manifest_path, read_manifest
+        from data_prep.manifest import tokenizer_dir
 
-        manifest = read_manifest(corpora[0]["prefix"])
-        path = Path(manifest["tokenizer"]["path"])
-        return path if path.is_absolute() else manifest_path(corpora[0]["prefix"]).parent / path
+        return tokenizer_dir(corpora[0]["prefix"])
     except (OSError, ValueError, KeyError, ImportError) as err:
         warn0(f"could not find the run's tokenizer through its corpus manifest ({err}); pass --tokenizer")
         return None

@@ -56,7 +56,7 @@ def launcher_world_size() -> int:
 
 def build_components(cfg, rank: int, world_size: int, device: str) -> Components:
     """The real model, objective and data loader for ``cfg`` (trainer/models, trainer/objectives, trainer/data)."""
-    from data_prep.manifest import read_manifest
+    from data_prep.manifest import read_manifest, tokenizer_dir
     from data_prep.tokenizer import load_tokenizer
     from trainer.data.loader import build_pretraining_loader
     from trainer.objectives import get_objective
@@ -65,7 +65,7 @@ def build_components(cfg, rank: int, world_size: int, device: str) -> Components
     if hasattr(objective, "build_components"):  # objectives with their own samples (ERNIE), DESIGN.md "Objectives"
         return objective.build_components(cfg, rank, world_size, device)
     manifest = read_manifest(cfg.data.corpora[0].prefix)
-    tokenizer = load_tokenizer(manifest["tokenizer"]["path"])
+    tokenizer = load_tokenizer(tokenizer_dir(cfg.data.corpora[0].prefix))
     if tokenizer.vocab_size > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the vocabulary of the corpus's "
                          f"tokenizer ({tokenizer.vocab_size}, {manifest['tokenizer']['path']}); set "

@@ -85,7 +85,7 @@ def build_dataset(cfg, tokenizer, objective, split: str = "train", global_batch:
 
 
 def ernie_components(cfg, rank: int, world_size: int, device: str, objective=None):
-    from data_prep.manifest import read_manifest
+    from data_prep.manifest import tokenizer_dir
     from data_prep.tokenizer import load_tokenizer
     from trainer.data.loader import build_dataloader
     from trainer.ernie.data import ErnieCollator
@@ -94,7 +94,7 @@ def ernie_components(cfg, rank: int, world_size: int, device: str, objective=Non
 
     objective = objective or build_objective(cfg.objective)
     model = objective.build_model(cfg.model)
-    tokenizer = load_tokenizer(read_manifest(cfg.data.corpora[0].prefix)["tokenizer"]["path"])
+    tokenizer = load_tokenizer(tokenizer_dir(cfg.data.corpora[0].prefix))
     dataset, plan = build_dataset(cfg, tokenizer, objective, "train")
     if plan is not None:
         print0("ERNIE 2.0 continual plan:\n" + plan.describe())
