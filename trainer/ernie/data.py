@@ -114,15 +114,20 @@ class ErnieCorpusBase(PretrainingDataset):
     def __getitems__(self, positions: list[int]) -> list[dict]:
         return self.finish([self.build_row(p) for p in positions])
 
-    def corpus_row(self, c: int, sample_id: int, level: str, rng) -> tuple[dict, int, int]:
-        """[CLS] sentences [SEP] of the sample's chunk, to be knowledge-masked at ``level``."""
-        start, end = self.chunk(c, sample_id)
-        budget = self.cfg.max_seq_length - 2
-        toks = self.corpora[c].read(start, end)[:budget]
+    def chunk_ids(self, c: int, start: int, end: int, level: str) -> tuple[np.ndarray, np.ndarray]:
+        """[CLS] sentences [start, end) [SEP], truncated to the sequence length, and the side-car spans of its
+        phrases/entities in row positions (none at the basic level) -> (ids, spans [k, 3])."""
+        toks = self.corpora[c].read(start, end)[:self.cfg.max_seq_length - 2]
         ids = np.concatenate([[self.tok.cls_id], toks, [self.tok.sep_id]]).astype(np.int64)
         spans = np.zeros((0, 3), np.int64)
         if self.spans is not None and level != "basic":
             spans = place_chunk_spans(self.spans[c].range(start, end), start, self.cums[c], 1, len(toks))
+        return ids, spans
+
+    def corpus_row(self, c: int, sample_id: int, level: str, rng) -> tuple[dict, int, int]:
+        """[CLS] sentences [SEP] of the sample's chunk, to be knowledge-masked at ``level``."""
+        start, end = self.chunk(c, sample_id)
+        ids, spans = self.chunk_ids(c, start, end, level)
         row = self.pending(ids, spans, level, rng)
         row["token_type_ids"] = np.zeros(len(ids), np.int64)
         return row, start, end
@@ -203,12 +208,7 @@ class MultiTaskDataset(ErnieCorpusBase):
                 row["token_type_ids"] = types
                 row["sentence_distance_label"] = label
             else:
-                budget = self.cfg.max_seq_length - 2
-                toks = self.corpora[c].read(start, end)[:budget]
-                ids = np.concatenate([[self.tok.cls_id], toks, [self.tok.sep_id]]).astype(np.int64)
-                spans = np.zeros((0, 3), np.int64)
-                if self.spans is not None and level != "basic":
-                    spans = place_chunk_spans(self.spans[c].range(start, end), start, self.cums[c], 1, len(toks))
+                ids, spans = self.chunk_ids(c, start, end, level)
                 row = self._token_tasks(ids, spans, level, rng, names, [(c, start, end)])
                 row["token_type_ids"] = np.zeros(len(ids), np.int64)
         length = len(row["input_ids"]) if "input_ids" in row else len(row["_mask"][0])
