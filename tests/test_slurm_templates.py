@@ -1,0 +1,178 @@
+"""The ELECTRA and ERNIE 2.0 templates of slurm/ submitted to the local two-node Slurm cluster (tests/slurm_cluster.py)
+the way a user does, each node running one gloo rank on CPU (fp32), with the tiny recipes:
+
+- slurm/electra_base.sh, tiny_electra (generator + discriminator, ZeRO-2): a straight run completes with both the
+  generator's MLM loss and the discriminator's RTD loss finite and falling and a final checkpoint; the same command
+  preempted with `scontrol requeue` (SIGTERM) saves, is requeued, resumes and ends with the straight run's losses;
+- slurm/ernie2_base.sh, tiny_ernie2 (continual multi-task plan, through trainer/ernie/pretrain.py) on a cased
+  corpus, shortened to 300 of the plan's 1,450 steps so that it still crosses two stage boundaries: the time-limit
+  warning (USR1 to the batch shell) in stage 1 checkpoints, the job requeues itself, resumes in the middle of the
+  stage with the same task mix and ends with the straight run's per-step losses, every task trained on the steps the
+  plan gives it.
+
+The helpers, the cluster sizes and the ordinary corpus are tests/test_slurm_training.py's. Each launch costs ~30 s
+here (two ranks importing torch/DeepSpeed on a shared 2-core machine); steps of these recipes cost ~0.03-0.3 s, so
+each test runs three launches (straight, preempted, resumed) and puts its steps where they check something.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from slurm_cluster import slurm_cluster  # noqa: F401  (fixture)
+from test_slurm_training import (  # noqa: F401  (corpus: fixture)
+    JOB_TIMEOUT, assert_completed, corpus, latest_step, resumed_at, sets, submit, wait_for_steps,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = [
+    pytest.mark.slurm, pytest.mark.slow, pytest.mark.multiproc,
+    pytest.mark.skipif(not (REPO / "trainer" / "pretrain.py").exists(), reason="trainer/pretrain.py not there yet"),
+]
+
+
+@pytest.fixture(scope="module")
+def cased_corpus(en_corpus, tmp_path_factory) -> Path:
+    """A cased WordPiece tokenizer (ERNIE 2.0's capitalization task needs case) and shards of the first 4,000 lines,
+    as tests/test_ernie_train.py prepares tiny_ernie2's corpus; no side-car: tiny_ernie2 masks at the basic level."""
+    from data_prep import build_indexed, train_tokenizer
+
+    tmp = tmp_path_factory.mktemp("cased")
+    text = tmp / "en.txt"
+    text.write_text("\n".join(en_corpus.read_text(encoding="utf-8").splitlines()[:4000]) + "\n", encoding="utf-8")
+    assert train_tokenizer.main(["--kind", "wordpiece", "--input", str(text), "--output", str(tmp / "tok"),
+                                 "--vocab-size", "3000", "--quiet", "--cased"]) == 0
+    prefix = tmp / "corpus" / "en"
+    assert build_indexed.main(["--input", str(text), "--tokenizer", str(tmp / "tok"), "--output-prefix",
+                               str(prefix)]) == 0
+    return prefix
+
+
+def records(run_dir: Path) -> dict[int, dict]:
+    """step -> the training record of metrics.jsonl (a resumed run appends; the last record of a step wins)."""
+    out = {}
+    path = run_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        rec = json.loads(line)
+        if rec.get("split", "train") == "train" and "loss" in rec:
+            out[rec["step"]] = rec
+    return out
+
+
+def series(recs: dict[int, dict], key: str, steps=None) -> dict[int, float]:
+    """step -> ``key`` for the steps that log it (within ``steps`` if given)."""
+    return {s: r[key] for s, r in sorted(recs.items()) if key in r and (steps is None or s in steps)}
+
+
+def assert_finite_and_falls(values: dict[int, float], key: str, window: int, margin: float) -> None:
+    """Every value finite, and the mean of the last ``window`` below the mean of the first by more than ``margin``."""
+    ys = [values[s] for s in sorted(values)]
+    assert len(ys) >= 2 * window, f"{key}: only {len(ys)} values"
+    assert all(math.isfinite(y) for y in ys), f"{key} not finite: {values}"
+    first, last = sum(ys[:window]) / window, sum(ys[-window:]) / window
+    assert last < first - margin, f"{key} did not fall: first {first:.4f}, last {last:.4f} ({values})"
+
+
+def assert_same_steps(resumed: dict[int, dict], reference: dict[int, dict], keys: tuple[str, ...]) -> None:
+    """Every step's ``keys`` equal the uninterrupted run's (the tolerance covers only metrics.jsonl's rounding)."""
+    assert sorted(resumed) == sorted(reference)
+    for step in sorted(reference):
+        for key in keys:
+            if key in reference[step] or key in resumed[step]:
+                assert resumed[step].get(key) == pytest.approx(reference[step].get(key), rel=1e-6, abs=1e-7), (
+                    step, key, resumed[step], reference[step])
+
+
+def test_electra_base_template_trains_both_networks_and_a_preempted_run_resumes_to_the_same_losses(
+        slurm_cluster, corpus, tmp_path):
+    steps = 40
+    # Periodic checkpoints off: the resumed run must come from the checkpoint the preemption signal made. Dropout 0,
+    # as for roberta_large.sh in tests/test_slurm_training.py. logging.peak_tflops set (tiny_ernie2 sets it too):
+    # without it trainer/pretrain.py measures the peak with torch.randn *after* restoring the checkpoint's RNG state,
+    # which shifts the global RNG stream that ELECTRA's generator samples from (Gumbel noise), so a resumed run's
+    # losses differ from the first step after the resume (seen here: step 6 after a resume at 5, 39.41997 vs
+    # 39.41962); reported to the trainer's owner.
+    env = {"CONFIG": "tiny_electra", "DATA_PREFIX": str(corpus),
+           "EXTRA_SETS": sets(train__steps=steps, checkpoint__every_steps=0, logging__every_steps=1,
+                              model__dropout=0.0, model__attention_dropout=0.0, logging__peak_tflops=1.0)}
+
+    straight = tmp_path / "straight"
+    job = submit(slurm_cluster, "electra_base.sh", tmp_path / "straight.out", RUN_DIR=str(straight), **env)
+    text = assert_completed(slurm_cluster, job, tmp_path / "straight.out")
+    assert slurm_cluster.job(job)["ExitCode"] == "0:0"
+    reference = records(straight)
+    assert sorted(reference) == list(range(1, steps + 1)), reference
+    assert "world size 2" in text, text[-4000:]
+    # Both networks learn: the generator's MLM loss (from ~ln 1024) and the discriminator's replaced-token detection.
+    assert_finite_and_falls(series(reference, "gen_mlm_loss"), "gen_mlm_loss", 5, 0.1)
+    assert_finite_and_falls(series(reference, "rtd_loss"), "rtd_loss", 5, 0.02)
+    assert_finite_and_falls(series(reference, "loss"), "loss", 5, 0.1)
+    assert latest_step(straight) == steps
+    assert json.loads((straight / "status.json").read_text())["status"] == "completed"
+    resolved = json.loads(next((straight / "logs").glob("job*-restart0/config.json")).read_text())
+    assert resolved["objective"]["name"] == "electra" and resolved["train"]["steps"] == steps
+
+    preempted = tmp_path / "preempted"
+    job = submit(slurm_cluster, "electra_base.sh", tmp_path / "preempted.out", RUN_DIR=str(preempted), **env)
+    wait_for_steps(preempted, 2, slurm_cluster, job)
+    slurm_cluster.client("scontrol", "requeue", str(job))
+    slurm_cluster.release_requeued(job)
+    text = assert_completed(slurm_cluster, job, tmp_path / "preempted.out")
+    info = slurm_cluster.job(job)
+    assert info["Restarts"] == "1" and info["ExitCode"] == "0:0", info
+    assert "stopped by SIGTERM" in text and "restart 1" in text, text[-6000:]
+    (at,) = resumed_at(text)
+    assert 2 <= at < steps, text[-6000:]
+    assert latest_step(preempted) == steps
+    assert_same_steps(records(preempted), reference, ("loss", "gen_mlm_loss", "rtd_loss"))
+
+
+def test_ernie2_base_template_resumes_the_continual_plan_mid_stage_after_the_time_limit_warning(
+        slurm_cluster, cased_corpus, tmp_path):
+    # tiny_ernie2's plan: stage 0 = steps 1-100 (mlm), stage 1 = 101-250 (+ capitalization, token_document), stage 2
+    # from 251 (+ sentence_reorder, sentence_distance). 300 steps cross both boundaries (~0.03 s a step).
+    steps, stage1 = 300, range(101, 251)
+    env = {"CONFIG": "tiny_ernie2", "DATA_PREFIX": str(cased_corpus),
+           "EXTRA_SETS": sets(train__steps=steps, checkpoint__every_steps=0, checkpoint__save_at_end="true")}
+
+    straight = tmp_path / "straight"
+    job = submit(slurm_cluster, "ernie2_base.sh", tmp_path / "straight.out", RUN_DIR=str(straight), **env)
+    text = assert_completed(slurm_cluster, job, tmp_path / "straight.out")
+    assert slurm_cluster.job(job)["ExitCode"] == "0:0"
+    reference = records(straight)
+    assert sorted(reference) == list(range(1, steps + 1)), sorted(reference)
+    assert "world size 2" in text, text[-4000:]
+    assert all(math.isfinite(r["loss"]) for r in reference.values()), reference
+    # The plan: a task logs its loss on the steps that train it, none before its stage; the token-level tasks start
+    # with their stage, the two sentence-level ones take turns from stage 2's first step on.
+    tasks = ("mlm", "capitalization", "token_document", "sentence_reorder", "sentence_distance")
+    first_step = {t: min(s for s, r in reference.items() if f"{t}_loss" in r) for t in tasks}
+    assert {t: first_step[t] for t in tasks[:3]} == {"mlm": 1, "capitalization": 101, "token_document": 101}
+    sentence_first = sorted(first_step[t] for t in tasks[3:])
+    assert sentence_first[0] == 251 and sentence_first[1] <= 260, first_step
+    assert_finite_and_falls(series(reference, "mlm_loss", range(1, 101)), "mlm_loss", 10, 0.5)
+    for task in ("capitalization", "token_document"):
+        assert_finite_and_falls(series(reference, f"{task}_loss", stage1), f"{task}_loss", 10, 0.05)
+    assert latest_step(straight) == steps
+    assert json.loads((straight / "status.json").read_text())["status"] == "completed"
+    resolved = json.loads(next((straight / "logs").glob("job*-restart0/config.json")).read_text())
+    assert resolved["objective"]["name"] == "ernie2" and resolved["train"]["steps"] == steps
+
+    # The time-limit warning (USR1 to the batch shell, as --signal=B:USR1@600 sends it) in stage 1.
+    warned = tmp_path / "warned"
+    job = submit(slurm_cluster, "ernie2_base.sh", tmp_path / "warned.out", RUN_DIR=str(warned), **env)
+    wait_for_steps(warned, 110, slurm_cluster, job)
+    slurm_cluster.client("scancel", "--batch", "--signal=USR1", str(job))
+    slurm_cluster.release_requeued(job)
+    text = assert_completed(slurm_cluster, job, tmp_path / "warned.out")
+    info = slurm_cluster.job(job)
+    assert info["Restarts"] == "1" and info["ExitCode"] == "0:0", info
+    assert "received SIGUSR1" in text and f"requeueing job {job}" in text, text[-6000:]
+    (at,) = resumed_at(text)
+    assert 110 <= at < steps, text[-6000:]
+    assert latest_step(warned) == steps
+    resumed = records(warned)
+    assert_same_steps(resumed, reference, ("loss",) + tuple(f"{t}_loss" for t in tasks))
