@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -81,15 +82,34 @@ def fused_adam_class():
     return FusedAdam
 
 
+def cpu_adam_class():
+    """DeepSpeed's ``DeepSpeedCPUAdam`` (AVX kernel, ZeRO-Offload's optimizer); compiles ``cpu_adam`` on first use
+    (~75 s on 2 cores, then cached in TORCH_EXTENSIONS_DIR)."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    return DeepSpeedCPUAdam
+
+
+def offloads_optimizer(ds: dict) -> bool:
+    """True when ZeRO keeps the fp32 partitions and optimizer state off the accelerator (``offload_optimizer``
+    device cpu or nvme): the same test DeepSpeed applies (``zero_use_cpu_optimizer``) before it demands its own
+    CPU optimizer."""
+    offload = (ds.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    return offload.get("device", "none") in ("cpu", "nvme")
+
+
 def build_ds_config(cfg, world_size: int, grad_accum: int, load_universal: bool = False) -> dict:
     """The DeepSpeed config dict: the recipe's JSON plus everything the trainer computes."""
-    from trainer.config import ds_config_path, precision, read_ds_json
+    from trainer.config import ConfigError, ds_config_path, precision, read_ds_json
+    from trainer.optim import offload_problem
     path = ds_config_path(cfg)
     ds = read_ds_json(cfg)
     owned = [k for k in TRAINER_OWNED_KEYS if k in ds]
     if owned:
         raise ValueError(f"{path}: sets {owned}, which the trainer fills in from the recipe (train.*, optim.*); "
                          "remove them from the JSON")
+    problem = offload_problem(cfg.optim, ds, str(path))
+    if problem:
+        raise ConfigError(problem)
     ds["train_micro_batch_size_per_gpu"] = cfg.train.micro_batch_size
     ds["gradient_accumulation_steps"] = grad_accum
     ds["train_batch_size"] = cfg.train.micro_batch_size * grad_accum * world_size
@@ -105,11 +125,45 @@ def build_ds_config(cfg, world_size: int, grad_accum: int, load_universal: bool 
         fp16.setdefault("initial_scale_power", 16)
     ds["fp16"] = fp16
     # A client optimizer under ZeRO: torch AdamW is on DeepSpeed's list, our LAMB is not (it handles the partition
-    # layout itself, see trainer/optim/zero_lamb.py).
+    # layout itself, see trainer/optim/zero_lamb.py), nor our guarded DeepSpeedCPUAdam (DeepSpeed checks exact types).
     ds["zero_allow_untested_optimizer"] = True
     ds["steps_per_print"] = 2**31 - 1  # our own logging reports progress
     ds["checkpoint"] = dict(ds.get("checkpoint", {}), load_universal=load_universal)
     return ds
+
+
+def _cpu_adam_like(optimizer: torch.optim.Optimizer, scheduler) -> torch.optim.Optimizer:
+    """ZeRO-Offload steps the optimizer on the CPU copies of the fp32 partitions, so our AdamW becomes DeepSpeed's
+    ``DeepSpeedCPUAdam`` (what DeepSpeed expects there; torch AdamW on CPU would be 5-7x slower, and the GPU
+    FusedAdam cannot step CPU tensors) with the same groups (weight decay off for biases and norms), lr, betas, eps
+    and decoupled weight decay, and the same non-finite guard.
+
+    The schedule was built on the optimizer we replace: it is pointed at the new one, so the engine's
+    ``scheduler.step()`` and the trainer's ``scheduler.sync_lr()`` after a resume set the lr that is stepped with.
+    Same update rule as torch AdamW; the fp32 arithmetic differs in the last bits (tests/test_zero_offload.py).
+    """
+    from trainer.optim import NonFiniteGuard
+    cpu_adam = cpu_adam_class()
+    if isinstance(optimizer, cpu_adam):
+        return optimizer
+    adamw = isinstance(optimizer, torch.optim.AdamW) or getattr(optimizer, "adam_w_mode", False)  # torch / FusedAdam
+    if not adamw or any(g.get("amsgrad") or g.get("maximize") for g in optimizer.param_groups):
+        raise TypeError(f"ZeRO offload_optimizer: cannot step {type(optimizer).__name__} as DeepSpeedCPUAdam "
+                        "(only decoupled-weight-decay Adam without amsgrad/maximize)")
+    keys = ("params", "lr", "initial_lr", "betas", "eps", "weight_decay", "bias_correction")
+    groups = [{k: g[k] for k in keys if k in g} for g in optimizer.param_groups]
+    d = optimizer.defaults
+    cls = type("GuardedCPUAdam", (NonFiniteGuard, cpu_adam), {})
+    new = cls(groups, lr=d["lr"], betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"],
+              bias_correction=True, adamw_mode=True)
+    if scheduler is not None:
+        scheduler.optimizer = new
+        # torch's LRScheduler wrapped the replaced optimizer's step() to warn when the schedule steps first; the new
+        # one is unwrapped, so its first scheduler.step() would warn "optimizer.step() has been overridden". DeepSpeed
+        # steps the optimizer before the schedule, so that warning would be noise in every offload run.
+        warnings.filterwarnings("ignore", message=r"Seems like `optimizer\.step\(\)` has been overridden",
+                                category=UserWarning)
+    return new
 
 
 class Engine:
@@ -117,6 +171,10 @@ class Engine:
 
     def __init__(self, model: torch.nn.Module, optimizer, scheduler, ds_config: dict, lamb: bool = False):
         self.ds_config = ds_config
+        if offloads_optimizer(ds_config):
+            if lamb:
+                raise ValueError("Lamb with ZeRO offload_optimizer is not supported (trainer.optim.offload_problem)")
+            optimizer = _cpu_adam_like(optimizer, scheduler)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
         if lamb and self.zero_stage > 0:

@@ -73,6 +73,23 @@ class GuardedAdamW(NonFiniteGuard, torch.optim.AdamW):
     pass
 
 
+def offload_problem(cfg: OptimConfig, ds: dict, source: str = "deepspeed.config") -> str | None:
+    """Why ``cfg`` cannot train under the DeepSpeed JSON ``ds`` with ZeRO's optimizer offload, or None.
+
+    With ``offload_optimizer`` ``adamw`` steps DeepSpeed's CPU Adam (``trainer/engine.py``). ``lamb`` is refused:
+    its trust-ratio all-reduce runs on the device of the offloaded (CPU) partitions, which NCCL does not reduce, and
+    a substitute optimizer would silently train something else. Pure (no deepspeed import), so config validation can
+    call it before anything is launched.
+    """
+    offload = (ds.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    if cfg.name == "lamb" and offload.get("device", "none") in ("cpu", "nvme"):
+        return (f"deepspeed.config: {source} offloads the optimizer (zero_optimization.offload_optimizer "
+                f"device={offload['device']}), which optim.name=lamb does not support; use a config without "
+                "offload (ds_configs/zero2.json or zero3.json: ZeRO already partitions LAMB's state over the ranks), "
+                "or optim.name=adamw, which offloads as DeepSpeedCPUAdam")
+    return None
+
+
 def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str = "cpu") -> torch.optim.Optimizer:
     """The optimizer named by ``cfg`` over ``model``'s parameters, wrapped with the non-finite guard."""
     if cfg.name == "adamw":
