@@ -101,3 +101,17 @@ def test_rng_round_trip_and_world_size_change(tmp_path):
     assert not torch.equal(torch.rand(3), expected[0])
     assert checkpoint.needs_universal(root / "global_step7", 2) and not checkpoint.needs_universal(
         root / "global_step7", 1)
+
+
+def test_peak_flops_measurement_leaves_the_restored_rng_stream_alone():
+    """The trainer measures the matmul peak after restoring a checkpoint's RNG state: the measurement must not draw
+    from torch's global stream, or dropout and ELECTRA's sampling in a resumed run shift from the uninterrupted one."""
+    import torch
+
+    from trainer.metrics import measure_peak_flops
+
+    torch.manual_seed(7)
+    expected = torch.rand(4)
+    torch.manual_seed(7)
+    assert measure_peak_flops("cpu", torch.float32, n=64) > 0
+    assert torch.equal(torch.rand(4), expected)

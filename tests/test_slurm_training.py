@@ -114,12 +114,10 @@ def test_roberta_large_template_trains_and_a_preempted_run_resumes_to_the_same_l
     steps = 30  # the requeue comes after step 2; the signal lands a few steps later (up to ~10 under load)
     # full-sentences rather than the recipe's doc-sentences: packed doc-sentences batches are refused by the
     # objectives until the encoder restricts attention to one packed sample (trainer/data/config.py).
-    # Dropout 0: with dropout the resumed run's losses differ from step 1 after the resume, because the data loader's
-    # iterator draws its base seed from torch's global RNG after the checkpoint's RNG state is restored (one draw
-    # the uninterrupted run made before step 1); reported to the trainer's owner.
+    # Dropout on (the recipe's 0.1): the resumed run continues the uninterrupted run's RNG streams.
     env = {"CONFIG": "tiny_roberta", "DATA_PREFIX": str(corpus),
            "EXTRA_SETS": sets(train__steps=steps, checkpoint__every_steps=0, logging__every_steps=1,
-                              data__format="full-sentences", model__dropout=0.0, model__attention_dropout=0.0)}
+                              data__format="full-sentences")}
 
     straight = tmp_path / "straight"
     job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "straight.out", RUN_DIR=str(straight), **env)

@@ -32,9 +32,12 @@ def model_flops_per_token(model: torch.nn.Module, seq_len: int, num_layers: int 
 
 
 def measure_peak_flops(device: str = "cpu", dtype: torch.dtype = torch.float32, n: int = 1024) -> float:
-    """FLOP/s of a square matmul on this device (~0.3 s on CPU); the denominator of MFU when none is configured."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    """FLOP/s of a square matmul on this device (~0.3 s on CPU); the denominator of MFU when none is configured.
+    Its operands come from a private generator: the trainer measures after restoring a checkpoint's RNG state, and a
+    draw from the global stream would shift dropout and ELECTRA's sampling in a resumed run."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
     a @ b  # warm-up
     reps, start = 0, time.perf_counter()
     while reps < 3 or time.perf_counter() - start < 0.2:
