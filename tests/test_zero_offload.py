@@ -112,12 +112,15 @@ def test_lamb_with_offload_is_refused(tmp):
     from trainer.config import ConfigError, load_config
     from trainer.engine import build_ds_config
     from trainer.optim import offload_problem
-    cfg = load_config(str(make_config(tmp, "lamb_offload", deepspeed=_ds("zero2_offload.json"),
-                                      optim={"name": "lamb"})), section_models=SECTIONS)
-    with pytest.raises(ConfigError) as err:
-        build_ds_config(cfg, world_size=2, grad_accum=2)
+    path = str(make_config(tmp, "lamb_offload", deepspeed=_ds("zero2_offload.json"), optim={"name": "lamb"}))
+    with pytest.raises(ConfigError) as err:  # at validation: `--check` and every launcher exit 2 before starting
+        load_config(path, section_models=SECTIONS)
     for words in ("deepspeed.config", "zero2_offload.json", "optim.name=lamb", "zero2.json", "optim.name=adamw"):
         assert words in str(err.value), words
+    cfg = load_config(path, ["optim.name=adamw"], section_models=SECTIONS)
+    cfg.optim.name = "lamb"  # and the engine refuses too, for a config built around validation
+    with pytest.raises(ConfigError):
+        build_ds_config(cfg, world_size=2, grad_accum=2)
     assert offload_problem(cfg.optim, {"zero_optimization": {"stage": 2}}) is None  # LAMB without offload: fine
     cfg.optim.name = "adamw"
     assert build_ds_config(cfg, world_size=2, grad_accum=2)["zero_optimization"]["offload_optimizer"]["device"] \

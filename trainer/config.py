@@ -302,6 +302,10 @@ def config_from_dict(raw: dict, source: str = "config", world_size: int | None =
         precision(cfg)
     except ValueError as err:
         raise ConfigError(f"{source}: {err}") from None
+    from trainer.optim import offload_problem
+    problem = offload_problem(cfg.optim, read_ds_json(cfg), str(ds_path))
+    if problem:  # LAMB under optimizer offload: refused before any process starts (exit 2)
+        raise ConfigError(f"{source}: {problem}")
     if not section_models:  # stand-in sections (tests) have no objective registry to check against
         _check_objective_data(cfg, source)
     if world_size is not None:
