@@ -190,5 +190,17 @@ def main(argv=None, components_factory: Callable | None = None, section_models: 
         return EXIT_ERROR
 
 
+def exit_process(code: int) -> None:
+    """End a command-line launch with ``code`` without running C++ static destructors: after a finished run (process
+    group destroyed, files closed) gloo's threads can still abort interpreter teardown ("terminate called without an
+    active exception", exit 134), which turns a completed job into a failed one for torchrun and Slurm."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

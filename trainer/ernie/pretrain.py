@@ -23,4 +23,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from trainer.pretrain import exit_process
+
+    exit_process(main())
