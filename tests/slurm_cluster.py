@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -295,6 +296,9 @@ class SlurmCluster:
         host = socket.gethostname().split(".")[0]
         lines = [
             "ClusterName=bertfamily-test",
+            # Job ids from a random start: the templates derive MASTER_PORT from the job id, so two test clusters on
+            # one machine (parallel test runs) numbering jobs from 1 would rendezvous on the same ports
+            f"FirstJobId={random.SystemRandom().randrange(1, 4000)}",
             f"SlurmctldHost={host}(127.0.0.1)",
             f"SlurmctldPort={self.ctld_port}",
             f"SlurmdPort={ports[1]}",
