@@ -6,14 +6,16 @@
 # Needs: one CUDA GPU, python with a CUDA torch, transformers and pydantic (no deepspeed, no megatron-core).
 #   bash bench/gpu.sh                 # all of it (~3-5 min on an H100/H200)
 #   STEPS=10 BATCH_TOKENS=8192 bash bench/gpu.sh
+#   SMOKE=1 bash bench/gpu.sh         # the same code on the CPU with tiny shapes (~30 s): checks the script, no figures
 # Output goes to stdout and, when $OUT is set, to $OUT/gpu_bench.txt.
 #
-# Status: NOT RUN YET. It was written on a CPU-only machine (no GPU was lent to this session, 2026-12-02); the
+# Status: NOT RUN ON A GPU YET (no GPU was lent to the sessions so far; `SMOKE=1` runs in the test suite); the
 # figures belong in BENCHMARKS.md under "## Model step" once someone runs it on a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-STEPS="${STEPS:-20}" BATCH_TOKENS="${BATCH_TOKENS:-8192}" python - <<'PY' 2>&1 | tee "${OUT:-/tmp}/gpu_bench.txt"
+export STEPS="${STEPS:-20}" BATCH_TOKENS="${BATCH_TOKENS:-8192}" SMOKE="${SMOKE:-0}"
+python - <<'PY' 2>&1 | tee "${OUT:-/tmp}/gpu_bench.txt"
 import os
 import time
 
@@ -25,32 +27,42 @@ from trainer.models import MLM, NSP, HeadSpec, PretrainingModel, flat_positions,
 from trainer.models.hf_convert import hf_config, to_hf_state_dict
 from trainer.models.kernels import choose_varlen_method, pack, varlen_attention
 
-if not torch.cuda.is_available():
-    raise SystemExit("bench/gpu.sh needs a CUDA GPU (torch.cuda.is_available() is False)")
-dev = torch.device("cuda")
-STEPS, BATCH_TOKENS = int(os.environ["STEPS"]), int(os.environ["BATCH_TOKENS"])
+SMOKE = os.environ["SMOKE"] == "1"  # CPU, tiny shapes: exercises every line of the script, measures nothing
+if not SMOKE and not torch.cuda.is_available():
+    raise SystemExit("bench/gpu.sh needs a CUDA GPU (torch.cuda.is_available() is False); SMOKE=1 runs it on the CPU")
+dev = torch.device("cpu" if SMOKE else "cuda")
+STEPS, BATCH_TOKENS = (2, 256) if SMOKE else (int(os.environ["STEPS"]), int(os.environ["BATCH_TOKENS"]))
+CHECK, LARGE, SEQS = ("tiny", "tiny", (32, 64)) if SMOKE else ("bert-base", "bert-large", (128, 512))
+
+
+def sync():
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
 HEADS = {MLM: HeadSpec("mlm"), NSP: HeadSpec("sequence", 2)}
-print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (SMOKE=1: checks the script, no figures)"
+print(f"device: {name}, torch {torch.__version__}, transformers {transformers.__version__}, "
       f"varlen attention: {choose_varlen_method(dev)}")
 
 
-def bf16_peak(n=8192, reps=50):
+def bf16_peak(n=256 if SMOKE else 8192, reps=2 if SMOKE else 50):
     a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
     for _ in range(5):
         a @ b
-    torch.cuda.synchronize()
+    sync()
     start = time.perf_counter()
     for _ in range(reps):
         a @ b
-    torch.cuda.synchronize()
+    sync()
     return 2 * n**3 * reps / (time.perf_counter() - start)
 
 
 # ---------------------------------------------------------------- correctness against Hugging Face on the GPU
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
-cfg = get_preset("bert-base", num_layers=4, dropout=0.0, attention_dropout=0.0)
+cfg = get_preset(CHECK, **({"num_layers": 4} if not SMOKE else {}), dropout=0.0, attention_dropout=0.0)
 ours = PretrainingModel(cfg, HEADS).to(dev).eval()
 with torch.no_grad():
     for p in ours.parameters():
@@ -67,8 +79,8 @@ ids[mask == 0] = 0
 with torch.no_grad():
     a = ours(ids, mask)[MLM]
     b = hf(input_ids=ids, attention_mask=mask).prediction_logits
-    print(f"fp32 logits vs HF on GPU: max |diff| {(a - b).abs().max().item():.2e} (want < 1e-4)")
-    with torch.autocast("cuda", torch.bfloat16):
+    print(f"fp32 logits vs HF on {dev.type}: max |diff| {(a - b).abs().max().item():.2e} (want < 1e-4)")
+    with torch.autocast(dev.type, torch.bfloat16):
         a16 = ours(ids, mask)[MLM].float()
     print(f"bf16 autocast logits vs fp32 HF: max |diff| {(a16 - b).abs().max().item():.2e} (bf16 rounding)")
     unpadded = PretrainingModel(cfg.replace(unpad=True), HEADS).to(dev).eval()
@@ -77,7 +89,8 @@ with torch.no_grad():
     d = (unpadded(ids, mask)["hidden"][real] - ours(ids, mask)["hidden"][real]).abs().max().item()
     print(f"unpad ({choose_varlen_method(dev)}) vs padded hidden: max |diff| {d:.2e}")
     packing = pack(mask)
-    qkv = torch.randn(int(mask.sum()), 3, 12, 64, device=dev, dtype=torch.bfloat16)
+    qkv = torch.randn(int(mask.sum()), 3, cfg.num_heads, cfg.hidden_size // cfg.num_heads, device=dev,
+                      dtype=torch.bfloat16)
     ref = varlen_attention(qkv, packing, method="padded")
     for method in ("nested", "flash"):
         try:
@@ -91,12 +104,12 @@ torch.backends.cuda.matmul.allow_tf32 = True
 # ---------------------------------------------------------------- BERT-large bf16 training steps, ours vs HF
 peak = bf16_peak()
 print(f"measured bf16 matmul peak: {peak / 1e12:.1f} TFLOP/s")
-for seq, padding in ((128, 0.0), (512, 0.0), (512, 0.5)):
+for seq, padding in ((SEQS[0], 0.0), (SEQS[1], 0.0), (SEQS[1], 0.5)):
     batch = BATCH_TOKENS // seq
     preds = round(0.15 * seq)
     for unpad in ((False, True) if padding else (False,)):
         torch.manual_seed(0)
-        cfg = get_preset("bert-large", unpad=unpad)
+        cfg = get_preset(LARGE, unpad=unpad)
         ours = PretrainingModel(cfg, HEADS).to(dev).train()
         hf = transformers.BertForPreTraining(hf_config(cfg, "BertForPreTraining")).to(dev).train()
         real = int(seq * (1 - padding))
@@ -111,7 +124,7 @@ for seq, padding in ((128, 0.0), (512, 0.0), (512, 0.5)):
         hf_labels = torch.full_like(ids, -100).scatter_(1, pos, labels)
 
         def our_step(opt):
-            with torch.autocast("cuda", torch.bfloat16):
+            with torch.autocast(dev.type, torch.bfloat16):
                 out = ours(ids, mask, mlm_positions=flat)
                 loss = F.cross_entropy(out[MLM].float(), flat_labels) + F.cross_entropy(out[NSP].float(), nsp)
             loss.backward()
@@ -119,7 +132,7 @@ for seq, padding in ((128, 0.0), (512, 0.0), (512, 0.5)):
             opt.zero_grad(set_to_none=True)
 
         def hf_step(opt):
-            with torch.autocast("cuda", torch.bfloat16):
+            with torch.autocast(dev.type, torch.bfloat16):
                 loss = hf(input_ids=ids, attention_mask=mask, labels=hf_labels, next_sentence_label=nsp).loss
             loss.backward()
             opt.step()
@@ -132,20 +145,23 @@ for seq, padding in ((128, 0.0), (512, 0.0), (512, 0.5)):
         rates = {}
         for name, fn, model in (("ours", our_step, ours), ("hf", hf_step, hf)):
             opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-            for _ in range(3):
+            for _ in range(1 if SMOKE else 3):
                 fn(opt)
-            torch.cuda.synchronize()
+            sync()
             start = time.perf_counter()
             for _ in range(STEPS):
                 fn(opt)
-            torch.cuda.synchronize()
+            sync()
             dt = (time.perf_counter() - start) / STEPS
             rates[name] = tokens / dt
-            print(f"bert-large seq {seq} batch {batch} padding {padding:.0%} unpad={unpad} {name:>4}: "
+            mem = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else float("nan")
+            print(f"{LARGE} seq {seq} batch {batch} padding {padding:.0%} unpad={unpad} {name:>4}: "
                   f"{dt * 1e3:7.1f} ms/step {tokens / dt:10.0f} tokens/s MFU {flops / dt / peak:6.1%} "
-                  f"peak mem {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
-            torch.cuda.reset_peak_memory_stats()
+                  f"peak mem {mem:.1f} GiB")
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
         print(f"  ratio ours/hf: {rates['ours'] / rates['hf']:.2f}x")
         del ours, hf
-        torch.cuda.empty_cache()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
 PY

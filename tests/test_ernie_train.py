@@ -37,7 +37,8 @@ def _prepare(tmp: Path, corpus: Path, kind: str, lines: int, vocab: int, extra=(
                 break
             source.write_text("\n".join(all_lines[lines:lines + held_out]) + "\n", encoding="utf-8")
         prefix = tmp / split / kind
-        assert build_indexed.main(["--input", str(source), "--tokenizer", str(tok), "--output-prefix", str(prefix)]) == 0
+        args = ["--input", str(source), "--tokenizer", str(tok), "--output-prefix", str(prefix)]
+        assert build_indexed.main(args) == 0
         if annotate_spec:
             annotate.annotate_corpus(prefix, annotate_spec, progress=False)
     size = json.loads((tok / "bertfamily_tokenizer.json").read_text())["vocab_size"]

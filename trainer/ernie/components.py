@@ -3,7 +3,8 @@
 ``trainer.pretrain.main(argv, components_factory=ernie_components, section_models=SECTION_MODELS)`` trains ERNIE
 1.0 or 2.0 with the common trainer (engine, checkpoints, resume, logging); ``python -m trainer.ernie.pretrain`` does
 exactly that. With the objectives registry's entries ``ernie`` / ``ernie2``, ``trainer/pretrain.py`` gets the same
-through the objectives' ``build_components`` method. Batches come from ``trainer/ernie/data.py`` through ``trainer.data``'s batch sampler and DataLoader.
+through the objectives' ``build_components`` method. Batches come from ``trainer/ernie/data.py`` through
+``trainer.data``'s batch sampler and DataLoader.
 """
 from __future__ import annotations
 
