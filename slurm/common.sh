@@ -26,7 +26,9 @@
 #   GPUS_PER_NODE     ranks per node on GPU nodes (default: the GPUs Slurm gave the job, else nvidia-smi's count)
 #   CPU_RANKS_PER_NODE ranks per node when a node has no GPU (default 1; CPU runs are for tests and debugging)
 #   MASTER_PORT       rendezvous port on the first node (default derived from the job id and restart count)
-#   RDZV_TIMEOUT      seconds the first node waits for all nodes to join before failing (default 900)
+#   RDZV_TIMEOUT      seconds the nodes wait for each other at the rendezvous before the job fails (default 900; a
+#                     node that hangs before starting torchrun, or cannot reach the first node's MASTER_PORT, fails
+#                     the job after this long instead of holding the allocation until the time limit)
 #   SAVE_TIMEOUT      seconds torchrun lets ranks finish their preemption checkpoint before SIGKILL (default 540;
 #                     keep it below the lead time of --signal=B:USR1@N and above the time one save takes)
 #
@@ -71,6 +73,11 @@ bf_setup() {
     [ -n "$BF_MASTER_ADDR" ] || bf_die "could not read NodeAddr of $BF_FIRST_NODE from 'scontrol show node'"
     # A port per job and per restart, so a requeued job never meets its predecessor's socket in TIME_WAIT.
     BF_MASTER_PORT=${MASTER_PORT:-$((20000 + (SLURM_JOB_ID % 4000) * 10 + ${SLURM_RESTART_COUNT:-0} % 10))}
+    # torchrun's static rendezvous bounds both sides by it: the first node's store waits this long for the others to
+    # connect, the others retry connecting this long. (torchrun would fail on a non-number only after every node
+    # started; fail here instead.)
+    BF_RDZV_TIMEOUT=${RDZV_TIMEOUT:-900}
+    [[ $BF_RDZV_TIMEOUT =~ ^[1-9][0-9]*$ ]] || bf_die "RDZV_TIMEOUT=$BF_RDZV_TIMEOUT is not a whole number of seconds"
 
     local gpus=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-}}
     if [ -z "$gpus" ]; then
@@ -155,13 +162,14 @@ bf_train() {
     # --cpus-per-task: the node's CPUs for the launcher, its ranks and their data-loader workers (Slurm 22.05's srun
     # no longer inherits the job's --cpus-per-task, and one CPU would starve the loaders).
     touch "$BF_LOG_DIR/launched"
+    BF_LAUNCH_START=$SECONDS
     # shellcheck disable=SC2016  # $SLURM_NODEID must expand on each node, not here
     srun --nodes="$BF_NNODES" --ntasks="$BF_NNODES" --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}" \
         --kill-on-bad-exit=1 --wait=60 --label \
         bash -c 'mkdir -p "$0/node$SLURM_NODEID" && exec torchrun --node-rank="$SLURM_NODEID" \
             --log-dir="$0/node$SLURM_NODEID" "$@"' "$BF_LOG_DIR" \
         --nnodes="$BF_NNODES" --nproc-per-node="$BF_NPROC" --rdzv-backend=static \
-        --master-addr="$BF_MASTER_ADDR" --master-port="$BF_MASTER_PORT" --rdzv-conf="timeout=${RDZV_TIMEOUT:-900}" \
+        --master-addr="$BF_MASTER_ADDR" --master-port="$BF_MASTER_PORT" --rdzv-conf="timeout=$BF_RDZV_TIMEOUT" \
         --max-restarts=0 --tee=3 --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \
         --shutdown-timeout="${SAVE_TIMEOUT:-540}" \
         "$BF_TRAIN_SCRIPT" --config "$config" "${BF_SETS[@]}" "$@" --resume auto &
@@ -172,6 +180,7 @@ bf_train() {
         kill -0 "$BF_SRUN_PID" 2>/dev/null || break  # wait was only interrupted by a trap: keep waiting
     done
     BF_SRUN_PID=""
+    BF_LAUNCH_SECONDS=$((SECONDS - BF_LAUNCH_START))
     return 0
 }
 
@@ -232,10 +241,25 @@ bf_check_launch() {
         case "$status" in
             nonfinite) echo "  The NaN/Inf guard stopped the run: the trainer's message above names the step, the" \
                             "losses and what to try (resuming unchanged will likely stop there again).";;
+            "")  # no rank of this launch got as far as writing status.json (not even "failed")
+                if [ "${BF_LAUNCH_SECONDS:-0}" -ge "$BF_RDZV_TIMEOUT" ]; then
+                    echo "  The rendezvous timed out: no rank started training and the launch ended after" \
+                         "${BF_LAUNCH_SECONDS} s, past RDZV_TIMEOUT=$BF_RDZV_TIMEOUT s, so the nodes did not all join" \
+                         "at $BF_MASTER_ADDR:$BF_MASTER_PORT ($BF_FIRST_NODE) in time (torchrun's 'Timed out ..." \
+                         "K/N clients joined' above confirms it). A node hung before starting torchrun, or cannot" \
+                         "reach that address and port (firewall, MASTER_PORT). srun reports the first node as" \
+                         "'Exited' (it gave up waiting) and a node that never joined as 'Terminated': exclude that" \
+                         "one on resubmission (sbatch --exclude=NODE)."
+                else
+                    echo "  No rank started training: a node's task or torchrun failed at start-up (bad venv, port" \
+                         "in use, a rank killed during start-up), or the rendezvous timed out" \
+                         "(RDZV_TIMEOUT=$BF_RDZV_TIMEOUT s); the first error above says which."
+                fi;;
             *) echo "  A rank raised an error ('training failed' traceback above), a node or rank died, or the" \
-                    "rendezvous timed out (RDZV_TIMEOUT=${RDZV_TIMEOUT:-900} s).";;
+                    "rendezvous timed out (RDZV_TIMEOUT=$BF_RDZV_TIMEOUT s).";;
         esac
-        echo "  The srun errors above name the first failing node; its ranks' output is in $BF_LOG_DIR/node<N>/."
+        [ "$status" != "" ] || [ "${BF_LAUNCH_SECONDS:-0}" -lt "$BF_RDZV_TIMEOUT" ] \
+            && echo "  The srun errors above name the first failing node; its ranks' output is in $BF_LOG_DIR/node<N>/."
         echo "  Last complete checkpoint: $(bf_latest_checkpoint)"
         echo "  To resume, submit the same command again (same RUN_DIR): the trainer restarts from it (--resume auto)."
     } >&2
