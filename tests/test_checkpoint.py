@@ -3,6 +3,8 @@ previous one complete, ``latest`` pointing at it, and ``--resume auto`` choosing
 from __future__ import annotations
 
 import json
+import shutil
+import time
 import os
 import signal
 import subprocess
@@ -115,3 +117,49 @@ def test_peak_flops_measurement_leaves_the_restored_rng_stream_alone():
     torch.manual_seed(7)
     assert measure_peak_flops("cpu", torch.float32, n=64) > 0
     assert torch.equal(torch.rand(4), expected)
+
+
+def test_universal_conversion_waits_on_the_filesystem_not_in_a_collective(tmp_path, monkeypatch):
+    """Rank 0 converts while the others poll for the finished folder (a large model's conversion can outlast the
+    process group's timeout); a failure on rank 0 reaches them as its message, and a folder that never appears as a
+    clear timeout. Single process here: the barriers are no-ops without a process group."""
+    import threading
+
+    import trainer.engine
+
+    tag = tmp_path / "global_step4"
+    tag.mkdir()
+    out = tag / checkpoint.UNIVERSAL
+
+    def finish_later():
+        time.sleep(0.3)
+        out.mkdir()
+        (out / ".complete").write_text("")
+
+    thread = threading.Thread(target=finish_later)
+    thread.start()
+    assert checkpoint.prepare_universal(tag, rank=1, wait_s=30, poll_s=0.05) == out
+    thread.join()
+
+    shutil.rmtree(out)
+    with pytest.raises(TimeoutError, match="did not appear within 0.2 s.*shares"):
+        checkpoint.prepare_universal(tag, rank=1, wait_s=0.2, poll_s=0.05)
+
+    def broken(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(trainer.engine, "convert_to_universal", broken)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.prepare_universal(tag, rank=0)
+    with pytest.raises(RuntimeError, match="rank 0 failed to convert.*OSError: disk full"):
+        checkpoint.prepare_universal(tag, rank=1, wait_s=30, poll_s=0.05)
+
+    def works(src, dst):
+        Path(dst).mkdir()
+        (Path(dst) / "zero").mkdir()
+
+    monkeypatch.setattr(trainer.engine, "convert_to_universal", works)
+    assert checkpoint.prepare_universal(tag, rank=0) == out  # and the stale failure note is cleared first
+    assert (out / ".complete").exists() and (out / "zero").is_dir()
+    assert not (tag / f".{checkpoint.UNIVERSAL}.failed").exists()
+    assert checkpoint.prepare_universal(tag, rank=1, wait_s=1, poll_s=0.05) == out

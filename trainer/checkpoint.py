@@ -182,17 +182,45 @@ def needs_universal(tag_dir: Path, world_size: int, zero_stage: int | None = Non
     return saved["zero_stage"] > 0 and (saved["world_size"] != world_size or other_stage)
 
 
-def prepare_universal(tag_dir: Path, rank: int) -> Path:
-    """Collective: rank 0 converts ``tag_dir`` once (kept beside it for later restarts); returns the folder."""
+UNIVERSAL_WAIT_S = float(os.environ.get("BERTFAMILY_UNIVERSAL_WAIT_S", 4 * 3600))
+
+
+def prepare_universal(tag_dir: Path, rank: int, wait_s: float | None = None, poll_s: float = 2.0) -> Path:
+    """Collective: rank 0 converts ``tag_dir`` once (kept beside it for later restarts); returns the folder.
+
+    The other ranks wait for the finished folder (or rank 0's failure note) on the shared filesystem, not in a
+    collective: converting a large model's ZeRO state can outlast the process group's timeout (DeepSpeed's
+    ``timeout_minutes``, 10 by default), which would kill the waiting ranks mid-conversion. They give up after
+    ``wait_s`` (default 4 h, env ``BERTFAMILY_UNIVERSAL_WAIT_S``) with a message naming the folder."""
     from trainer.engine import convert_to_universal
     out = Path(tag_dir) / UNIVERSAL
+    failed = Path(tag_dir) / f".{UNIVERSAL}.failed"
+    if rank == 0:
+        failed.unlink(missing_ok=True)  # a note from an earlier launch; cleared before anyone looks
+    _barrier()
     if rank == 0 and not (out / ".complete").exists():
         tmp = Path(tag_dir) / f".{UNIVERSAL}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
-        convert_to_universal(tag_dir, tmp)
+        try:
+            convert_to_universal(tag_dir, tmp)
+        except BaseException as err:
+            failed.write_text(f"{type(err).__name__}: {err}\n")
+            raise
         (tmp / ".complete").write_text("")
         os.replace(tmp, out)
+    elif rank != 0:
+        deadline = time.monotonic() + (UNIVERSAL_WAIT_S if wait_s is None else wait_s)
+        while not (out / ".complete").exists():
+            if failed.exists():
+                raise RuntimeError(f"rank 0 failed to convert {tag_dir} to a universal checkpoint: "
+                                   f"{failed.read_text().strip()}")
+            if time.monotonic() > deadline:
+                waited = UNIVERSAL_WAIT_S if wait_s is None else wait_s
+                raise TimeoutError(f"rank {rank}: {out} did not appear within {waited:g} s "
+                                   "(rank 0 converts it; is the checkpoint folder on a filesystem every node "
+                                   "shares? raise BERTFAMILY_UNIVERSAL_WAIT_S for a very large model)")
+            time.sleep(poll_s)
     _barrier()
     return out
 
