@@ -185,10 +185,12 @@ class SlurmCluster:
         return parse_record(self.client("scontrol", "show", "node", "-o", name).stdout)
 
     def all_idle(self, strict: bool = False) -> bool:
-        """Every node idle (strict: also done cleaning up after a job, no +COMPLETING flag)."""
+        """Every node idle and in service (strict: also done cleaning up after a job, no +COMPLETING flag); a
+        drained node (IDLE+DRAIN) is not."""
         try:
             states = [self.node(n).get("State", "") for n in self.nodes]
-            return all((s == "IDLE") if strict else (s.split("+")[0] == "IDLE") for s in states)
+            return all((s == "IDLE") if strict else (s.split("+")[0] == "IDLE" and "DRAIN" not in s)
+                       for s in states)
         except RuntimeError:
             return False
 
