@@ -212,15 +212,19 @@ class SlurmCluster:
         """A requeued job waits with Reason=BeginTime for 2 minutes (Slurm's fixed requeue hold); start it now.
         Returns once the job has left that hold (it may already be running or done)."""
         deadline = time.monotonic() + timeout
+        idle_since = None
         while time.monotonic() < deadline:
             info = self.job(job_id)
             if info.get("JobState") == "PENDING":
-                # Only once the previous run has left the nodes: starting it earlier gets the new launch refused
-                # ("Job credential revoked") and the job FAILED, which is what Slurm's hold protects against.
-                if info.get("Reason") == "BeginTime" and self.all_idle(strict=True):
+                # Only once the previous run has left the nodes, and 2 s later: slurmd refuses a launch whose
+                # credential is not newer than the revocation of the killed run's (1-second resolution: a release in
+                # the same second failed the job, "Job credential revoked"), which Slurm's 2-minute hold avoids.
+                if info.get("Reason") != "BeginTime":
+                    return  # out of the hold (released, or Slurm let it go)
+                idle = self.all_idle(strict=True)
+                idle_since = (idle_since or time.monotonic()) if idle else None
+                if idle and time.monotonic() - idle_since >= 2.0:
                     self.client("scontrol", "update", f"jobid={job_id}", "StartTime=now", check=False)
-                else:
-                    return
             elif info.get("JobState") in {"RUNNING"} | FINISHED and int(info.get("Restarts", "0")) > 0:
                 return
             time.sleep(0.5)
