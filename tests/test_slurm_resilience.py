@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import signal
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
 from slurm_cluster import MARKER, slurm_cluster  # noqa: F401  (fixture)
 from test_slurm_training import (  # noqa: F401  (corpus: fixture)
-    JOB_TIMEOUT, REPO, assert_completed, corpus, latest_step, losses, resumed_at, sets, submit,
+    JOB_TIMEOUT, REPO, assert_completed, corpus, latest_step, losses, records, resumed_at, sets, submit,
 )
 
 pytestmark = [
@@ -31,23 +30,6 @@ pytestmark = [
     pytest.mark.skipif(not (REPO / "trainer" / "pretrain.py").exists(), reason="trainer/pretrain.py not there yet"),
 ]
 GLOBAL_BATCH, MICRO_BATCH = 16, 4  # trainer/recipes/tiny_roberta.yaml
-
-
-def submit_on_one_node(cluster, template: str, log: Path, **env: str) -> int:
-    """``submit`` for a cluster that has lost a node: the same command with ``--nodes=1``."""
-    env = {"RDZV_TIMEOUT": "120", "SAVE_TIMEOUT": "60", **env}
-    return cluster.sbatch(REPO / "slurm" / template, "--nodes=1", "--gpus-per-node=0", "--time=30:00",
-                          f"--output={log}", cwd=REPO, env=env)
-
-
-def consumed(run_dir: Path) -> dict[int, int]:
-    """step -> consumed_samples from metrics.jsonl (the last record of a step wins)."""
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("split", "train") == "train" and "consumed_samples" in rec:
-            out[rec["step"]] = rec["consumed_samples"]
-    return out
 
 
 def test_a_run_that_loses_a_node_resumes_on_one_node_and_back_on_two(slurm_cluster, corpus, tmp_path):
@@ -83,8 +65,8 @@ def test_a_run_that_loses_a_node_resumes_on_one_node_and_back_on_two(slurm_clust
     # The cluster loses n2: only a 1-node job can run now.
     slurm_cluster.client("scontrol", "update", "nodename=n2", "state=drain", "reason=lost-for-good")
     try:
-        job = submit_on_one_node(slurm_cluster, "roberta_large.sh", tmp_path / "one.out", RUN_DIR=str(run),
-                                 EXTRA_SETS=sets(**common, train__stop_at_step=8), **env)
+        job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "one.out", nodes=1, RUN_DIR=str(run),
+                     EXTRA_SETS=sets(**common, train__stop_at_step=8), **env)
         text = assert_completed(slurm_cluster, job, tmp_path / "one.out")
     finally:
         slurm_cluster.client("scontrol", "update", "nodename=n2", "state=resume", check=False)
@@ -105,7 +87,8 @@ def test_a_run_that_loses_a_node_resumes_on_one_node_and_back_on_two(slurm_clust
 
     got = losses(run)
     assert sorted(got) == list(range(1, steps + 1)), got
-    assert consumed(run) == {s: s * GLOBAL_BATCH for s in range(1, steps + 1)}
+    assert {s: r["consumed_samples"] for s, r in records(run).items()} == {
+        s: s * GLOBAL_BATCH for s in range(1, steps + 1)}
     diffs = {s: abs(got[s] - reference[s]) / abs(reference[s]) for s in got}
     print(f"relative loss differences vs the uninterrupted 2-node run: { {s: f'{d:.1e}' for s, d in diffs.items()} }")
     for step in range(1, steps + 1):

@@ -24,7 +24,7 @@ import pytest
 
 from slurm_cluster import slurm_cluster  # noqa: F401  (fixture)
 from test_slurm_training import (  # noqa: F401  (corpus: fixture)
-    JOB_TIMEOUT, assert_completed, corpus, latest_step, resumed_at, sets, submit, wait_for_steps,
+    assert_completed, corpus, latest_step, records, resumed_at, sets, submit, wait_for_steps,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,17 +51,6 @@ def cased_corpus(en_corpus, tmp_path_factory) -> Path:
     return prefix
 
 
-def records(run_dir: Path) -> dict[int, dict]:
-    """step -> the training record of metrics.jsonl (a resumed run appends; the last record of a step wins)."""
-    out = {}
-    path = run_dir / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else []:
-        rec = json.loads(line)
-        if rec.get("split", "train") == "train" and "loss" in rec:
-            out[rec["step"]] = rec
-    return out
-
-
 def series(recs: dict[int, dict], key: str, steps=None) -> dict[int, float]:
     """step -> ``key`` for the steps that log it (within ``steps`` if given)."""
     return {s: r[key] for s, r in sorted(recs.items()) if key in r and (steps is None or s in steps)}
@@ -86,6 +75,14 @@ def assert_same_steps(resumed: dict[int, dict], reference: dict[int, dict], keys
                     step, key, resumed[step], reference[step])
 
 
+def assert_finished(run_dir: Path, objective: str, steps: int) -> None:
+    """A completed run: its last checkpoint at ``steps``, status completed, the resolved config of the objective."""
+    assert latest_step(run_dir) == steps
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
+    resolved = json.loads(next((run_dir / "logs").glob("job*-restart0/config.json")).read_text())
+    assert resolved["objective"]["name"] == objective and resolved["train"]["steps"] == steps
+
+
 def test_electra_base_template_trains_both_networks_and_a_preempted_run_resumes_to_the_same_losses(
         slurm_cluster, corpus, tmp_path):
     steps = 40
@@ -106,10 +103,7 @@ def test_electra_base_template_trains_both_networks_and_a_preempted_run_resumes_
     assert_finite_and_falls(series(reference, "gen_mlm_loss"), "gen_mlm_loss", 5, 0.1)
     assert_finite_and_falls(series(reference, "rtd_loss"), "rtd_loss", 5, 0.02)
     assert_finite_and_falls(series(reference, "loss"), "loss", 5, 0.1)
-    assert latest_step(straight) == steps
-    assert json.loads((straight / "status.json").read_text())["status"] == "completed"
-    resolved = json.loads(next((straight / "logs").glob("job*-restart0/config.json")).read_text())
-    assert resolved["objective"]["name"] == "electra" and resolved["train"]["steps"] == steps
+    assert_finished(straight, "electra", steps)
 
     preempted = tmp_path / "preempted"
     job = submit(slurm_cluster, "electra_base.sh", tmp_path / "preempted.out", RUN_DIR=str(preempted), **env)
@@ -152,10 +146,7 @@ def test_ernie2_base_template_resumes_the_continual_plan_mid_stage_after_the_tim
     assert_finite_and_falls(series(reference, "mlm_loss", range(1, 101)), "mlm_loss", 10, 0.5)
     for task in ("capitalization", "token_document"):
         assert_finite_and_falls(series(reference, f"{task}_loss", stage1), f"{task}_loss", 10, 0.05)
-    assert latest_step(straight) == steps
-    assert json.loads((straight / "status.json").read_text())["status"] == "completed"
-    resolved = json.loads(next((straight / "logs").glob("job*-restart0/config.json")).read_text())
-    assert resolved["objective"]["name"] == "ernie2" and resolved["train"]["steps"] == steps
+    assert_finished(straight, "ernie2", steps)
 
     # The time-limit warning (USR1 to the batch shell, as --signal=B:USR1@600 sends it) in stage 1.
     warned = tmp_path / "warned"

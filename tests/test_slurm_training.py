@@ -57,22 +57,28 @@ def sets(**values) -> str:
     return " ".join(f"{k.replace('__', '.')}={v}" for k, v in values.items())
 
 
-def submit(cluster, template: str, log: Path, **env: str) -> int:
-    """sbatch a template the way a user does (from the repo root), with the test cluster's sizes: 2 nodes, no GPUs."""
+def submit(cluster, template: str, log: Path, nodes: int = 2, **env: str) -> int:
+    """sbatch a template the way a user does (from the repo root), with the test cluster's sizes: 2 nodes (fewer for
+    a cluster that has lost one), no GPUs."""
     env = {"RDZV_TIMEOUT": "120", "SAVE_TIMEOUT": "60", **env}
-    return cluster.sbatch(REPO / "slurm" / template, "--nodes=2", "--gpus-per-node=0", "--time=30:00",
+    return cluster.sbatch(REPO / "slurm" / template, f"--nodes={nodes}", "--gpus-per-node=0", "--time=30:00",
                           f"--output={log}", cwd=REPO, env=env)
 
 
-def losses(run_dir: Path) -> dict[int, float]:
-    """step -> loss from metrics.jsonl (a resumed run appends; the last record of a step wins)."""
+def records(run_dir: Path) -> dict[int, dict]:
+    """step -> the training record of metrics.jsonl (a resumed run appends; the last record of a step wins)."""
     out = {}
     path = run_dir / "metrics.jsonl"
     for line in path.read_text().splitlines() if path.exists() else []:
         rec = json.loads(line)
         if rec.get("split", "train") == "train" and "loss" in rec:
-            out[rec["step"]] = rec["loss"]
+            out[rec["step"]] = rec
     return out
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """step -> loss (``records``)."""
+    return {step: rec["loss"] for step, rec in records(run_dir).items()}
 
 
 def wait_for_steps(run_dir: Path, n: int, cluster, job: int, timeout: float = JOB_TIMEOUT) -> None:

@@ -89,14 +89,6 @@ def cpu_adam_class():
     return DeepSpeedCPUAdam
 
 
-def offloads_optimizer(ds: dict) -> bool:
-    """True when ZeRO keeps the fp32 partitions and optimizer state off the accelerator (``offload_optimizer``
-    device cpu or nvme): the same test DeepSpeed applies (``zero_use_cpu_optimizer``) before it demands its own
-    CPU optimizer."""
-    offload = (ds.get("zero_optimization") or {}).get("offload_optimizer") or {}
-    return offload.get("device", "none") in ("cpu", "nvme")
-
-
 def build_ds_config(cfg, world_size: int, grad_accum: int, load_universal: bool = False) -> dict:
     """The DeepSpeed config dict: the recipe's JSON plus everything the trainer computes."""
     from trainer.config import ConfigError, ds_config_path, precision, read_ds_json
@@ -171,6 +163,7 @@ class Engine:
 
     def __init__(self, model: torch.nn.Module, optimizer, scheduler, ds_config: dict, lamb: bool = False):
         self.ds_config = ds_config
+        from trainer.optim import offloads_optimizer
         if offloads_optimizer(ds_config):
             if lamb:
                 raise ValueError("Lamb with ZeRO offload_optimizer is not supported (trainer.optim.offload_problem)")

@@ -73,6 +73,14 @@ class GuardedAdamW(NonFiniteGuard, torch.optim.AdamW):
     pass
 
 
+def offloads_optimizer(ds: dict) -> bool:
+    """True when ZeRO keeps the fp32 partitions and optimizer state off the accelerator (``offload_optimizer``
+    device cpu or nvme): the same test DeepSpeed applies (``zero_use_cpu_optimizer``) before it demands its own
+    CPU optimizer."""
+    offload = (ds.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    return offload.get("device", "none") in ("cpu", "nvme")
+
+
 def offload_problem(cfg: OptimConfig, ds: dict, source: str = "deepspeed.config") -> str | None:
     """Why ``cfg`` cannot train under the DeepSpeed JSON ``ds`` with ZeRO's optimizer offload, or None.
 
@@ -81,10 +89,10 @@ def offload_problem(cfg: OptimConfig, ds: dict, source: str = "deepspeed.config"
     a substitute optimizer would silently train something else. Pure (no deepspeed import), so config validation can
     call it before anything is launched.
     """
-    offload = (ds.get("zero_optimization") or {}).get("offload_optimizer") or {}
-    if cfg.name == "lamb" and offload.get("device", "none") in ("cpu", "nvme"):
+    if cfg.name == "lamb" and offloads_optimizer(ds):
+        device = ds["zero_optimization"]["offload_optimizer"]["device"]
         return (f"deepspeed.config: {source} offloads the optimizer (zero_optimization.offload_optimizer "
-                f"device={offload['device']}), which optim.name=lamb does not support; use a config without "
+                f"device={device}), which optim.name=lamb does not support; use a config without "
                 "offload (ds_configs/zero2.json or zero3.json: ZeRO already partitions LAMB's state over the ranks), "
                 "or optim.name=adamw, which offloads as DeepSpeedCPUAdam")
     return None
