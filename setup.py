@@ -13,6 +13,8 @@ setup(
     description="Pretrain BERT, RoBERTa, ALBERT, ERNIE 1.0/2.0 and ELECTRA at cluster scale with one DeepSpeed trainer",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    license_files=["LICENSE"],
     python_requires=">=3.10",
     packages=find_packages(include=["data_prep", "data_prep.*", "trainer", "trainer.*"]),
     package_data={"trainer": ["recipes/*.yaml"]},

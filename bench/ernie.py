@@ -9,7 +9,7 @@
 2. ``annotate``: characters/s of our jieba annotator (POS-tagged cut + entity/phrase spans) against a bare
    ``jieba.posseg`` cut of the same text, and of the offline path (text rebuilt from token ids + annotate + align).
 
-Rows are the shared Chinese corpus's lines, tokenized with a `zh` tokenizer trained here and packed to ``--seq``
+Rows are the test Chinese corpus's lines, tokenized with a `zh` tokenizer trained here and packed to ``--seq``
 tokens ([CLS] sentences [SEP]). Best of ``--repeats``; baseline and ours alternate so load drift hits both.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from trainer.data.config import MaskingConfig  # noqa: E402
 from trainer.data.masking import Masker  # noqa: E402
 from trainer.ernie.knowledge_masking import KnowledgeMaskingConfig, knowledge_mask, knowledge_mask_rows  # noqa: E402,E501
 
-CORPUS = REPO.parent / "shared" / "corpora" / "zh_fortunes.txt"
+from corpora import ZH_CORPUS as CORPUS  # noqa: E402  (the tests' Chinese text, tests/data/)
 
 
 def build_rows(tok, lines: list[str], seq: int, tok_dir) -> tuple[list[np.ndarray], list[np.ndarray]]:

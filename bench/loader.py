@@ -2,7 +2,7 @@
 
     python bench/loader.py [--samples 3000] [--vocab-size 30522] [--out DIR]
 
-All three read the same single-shard indexed corpus (the shared English corpus, WordPiece tokenizer trained by
+All three read the same single-shard indexed corpus (the tests' English corpus, WordPiece tokenizer trained by
 data_prep/train_tokenizer.py), in one process with one torch thread, in the same run:
 
 - ours: ``PretrainingDataset`` (segment-pair with NSP negatives, dynamic whole-word masking, sample construction
@@ -29,8 +29,9 @@ if __package__ in (None, ""):
 
 import numpy as np
 
+from corpora import en_corpus  # noqa: E402  (the tests' English text: Python's docstrings, generated once)
+
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO.parent / "shared" / "corpora" / "en_fortunes.txt"
 
 
 def prepare(out: Path, vocab_size: int):
@@ -44,13 +45,13 @@ def prepare(out: Path, vocab_size: int):
 
     tok_dir = out / "tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
-        train_tokenizer(["--kind", "wordpiece", "--input", str(CORPUS), "--output", str(tok_dir), "--vocab-size",
+        train_tokenizer(["--kind", "wordpiece", "--input", str(en_corpus()), "--output", str(tok_dir), "--vocab-size",
                          str(vocab_size), "--quiet"])
     tok = load_tokenizer(tok_dir)
     prefix = out / "en"
     if not Path(str(prefix) + ".manifest.json").exists():
         docs, cur = [], []
-        for line in CORPUS.read_text(encoding="utf-8").splitlines():
+        for line in en_corpus().read_text(encoding="utf-8").splitlines():
             if line.strip():
                 cur.append(line.strip())
             elif cur:
@@ -72,7 +73,7 @@ def prepare(out: Path, vocab_size: int):
         builder.finalize(base + ".idx")
         shard = {"prefix": "en_00000", "documents": len(docs), "sentences": n_sent, "tokens": n_tok,
                  "bin_bytes": os.path.getsize(base + ".bin"), "bin_sha256": sha256_file(base + ".bin"),
-                 "idx_sha256": sha256_file(base + ".idx"), "input": str(CORPUS), "input_range": [0, None]}
+                 "idx_sha256": sha256_file(base + ".idx"), "input": str(en_corpus()), "input_range": [0, None]}
         write_manifest(prefix, {"format": "bertfamily-indexed", "version": 1, "tool_version": "bench",
                                 "tokenizer": {"path": str(tok_dir), "fingerprint": tok.fingerprint, "kind": tok.kind,
                                               "vocab_size": tok.vocab_size},
@@ -170,7 +171,7 @@ def main(argv=None) -> int:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         tok, prefix = prepare(out, args.vocab_size)
-        print(f"corpus: {CORPUS.name}, tokenizer wordpiece {tok.vocab_size}, {args.samples} samples per measurement")
+        print(f"corpus: {en_corpus().name}, tokenizer wordpiece {tok.vocab_size}, {args.samples} samples per measurement")
         print(f"{'seq':>5} {'ours/s':>9} {'megatron/s':>11} {'hf/s':>9} {'ours/megatron':>14} {'ours/hf':>8}")
         for seq in (128, 512):
             rounds = []

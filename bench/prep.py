@@ -2,7 +2,7 @@
 
     python bench/prep.py [--sizes-mb 20 200] [--workers 1] [--work /tmp/bench_prep]
 
-The corpus is the shared English corpus (tests' en_fortunes.txt) as JSON lines, one document per line, replicated
+The corpus is the tests' English corpus (bench/corpora.py: Python's docstrings) as JSON lines, one document per line, replicated
 to each size. Both tools read the same .jsonl, use the same Hugging Face fast tokenizer (a WordPiece trained here
 by data_prep/train_tokenizer.py) and write megatron-core indexed files with the same content: one sequence per line
 of a document (the sentence-per-sequence layout BERT's samples need), checked equal in counts and tokens.
@@ -31,8 +31,9 @@ import sys
 import time
 from pathlib import Path
 
+from corpora import en_corpus  # the tests' English text: Python's docstrings, generated once
+
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO.parent / "shared" / "corpora" / "en_fortunes.txt"
 
 
 # ---------------------------------------------------------------------------------------------------- baseline
@@ -131,11 +132,11 @@ def tokenizer_floor(tokenizer_dir: str) -> float:
     from data_prep.sources import iter_documents
     from data_prep.tokenizer import load_tokenizer
 
-    lines = [line for d in iter_documents(str(CORPUS)) for line in d.lines]
+    lines = [line for d in iter_documents(str(en_corpus())) for line in d.lines]
     backend = load_tokenizer(tokenizer_dir).backend
     t0 = time.process_time()
     backend.encode_batch_fast(lines, add_special_tokens=False)
-    return (time.process_time() - t0) / (CORPUS.stat().st_size / 2**20)
+    return (time.process_time() - t0) / (en_corpus().stat().st_size / 2**20)
 
 
 def make_corpus(path: Path, size_mb: float) -> int:
@@ -143,7 +144,7 @@ def make_corpus(path: Path, size_mb: float) -> int:
     sys.path.insert(0, str(REPO))
     from data_prep.sources import iter_documents
 
-    lines = [json.dumps({"text": "\n".join(d.lines)}, ensure_ascii=False) + "\n" for d in iter_documents(str(CORPUS))]
+    lines = [json.dumps({"text": "\n".join(d.lines)}, ensure_ascii=False) + "\n" for d in iter_documents(str(en_corpus()))]
     block = "".join(lines).encode("utf-8")
     target = int(size_mb * 2**20)
     with open(path, "wb") as fh:
@@ -189,7 +190,7 @@ def main(argv=None) -> int:
     tok = work / "wordpiece"
     py = sys.executable
     if not (tok / "tokenizer.json").exists():
-        subprocess.run([py, "data_prep/train_tokenizer.py", "--kind", "wordpiece", "--input", str(CORPUS),
+        subprocess.run([py, "data_prep/train_tokenizer.py", "--kind", "wordpiece", "--input", str(en_corpus()),
                         "--output", str(tok), "--quiet"], cwd=REPO, check=True)
     # One Rust thread per worker for both (the baseline's per-call path is single-threaded anyway).
     env = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -40,7 +40,9 @@ def prepare(tmp: Path) -> Path:
     sys.path.insert(0, str(REPO))
     from data_prep import build_indexed, train_tokenizer
 
-    corpus = REPO.parent / "shared" / "corpora" / "en_fortunes.txt"
+    from corpora import en_corpus
+
+    corpus = en_corpus()
     lines = corpus.read_text(encoding="utf-8").splitlines(keepends=True)[:6000]
     while lines and lines[-1].strip():
         lines.pop()

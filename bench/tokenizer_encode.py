@@ -2,7 +2,7 @@
 preprocess_data.py uses: a transformers fast tokenizer called once per sentence. Same tokenizer folder, same lines,
 one thread (a build_indexed worker's share of the machine), measured in one run.
 
-    python bench/tokenizer_encode.py [--corpus ../shared/corpora/en_fortunes.txt] [--repeat 3] [--batch 1000]
+    python bench/tokenizer_encode.py [--corpus FILE (default: the tests' English corpus)] [--repeat 3] [--batch 1000]
 
 Prints MB/s for each path and the ratios; the figures go to BENCHMARKS.md ("## Tokenizers").
 """
@@ -30,7 +30,7 @@ def _best_of(fn, repeat: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--corpus", type=Path, default=REPO.parent / "shared" / "corpora" / "en_fortunes.txt")
+    p.add_argument("--corpus", type=Path, help="default: the tests' English corpus (bench/corpora.py)")
     p.add_argument("--kinds", nargs="+", default=["bbpe", "wordpiece", "unigram"])
     p.add_argument("--vocab-size", type=int, default=8000)
     p.add_argument("--repeat", type=int, default=3)
@@ -42,9 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     from transformers import AutoTokenizer
 
+    from corpora import en_corpus
+
     from data_prep import train_tokenizer
     from data_prep.tokenizer import load_tokenizer
 
+    args.corpus = args.corpus or en_corpus()
     lines = [line for line in args.corpus.read_text(encoding="utf-8").splitlines() if line.strip()]
     mb = sum(len(line.encode("utf-8")) for line in lines) / 1e6
     print(f"corpus {args.corpus.name}: {len(lines):,} lines, {mb:.2f} MB; best of {args.repeat}; 1 thread")

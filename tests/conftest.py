@@ -1,4 +1,5 @@
-"""Shared fixtures: where the real corpora live, a scratch directory, the venv's bin on PATH for launched processes."""
+"""Shared fixtures: the corpora (in the repository or generated from it), the venv's bin on PATH for launched
+processes."""
 import os
 import sys
 from pathlib import Path
@@ -6,8 +7,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-CORPORA = SHARED / "corpora"
+# Public-domain classical Chinese (tests/data/README.md says where it comes from and why it may be copied).
+ZH_CORPUS = REPO / "tests" / "data" / "zh_classical.txt"
 
 # Launched processes (torchrun, mpirun, deepspeed) must see the venv's tools first: mixing the system's and the
 # venv's ninja makes DeepSpeed recompile its native ops (PLATFORM.md).
@@ -24,15 +25,14 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def en_corpus() -> Path:
-    path = CORPORA / "en_fortunes.txt"
-    if not path.exists():
-        pytest.fail(f"shared English corpus missing at {path}: clone next to ../shared")
-    return path
+    """English: the standard library's docstrings, one sentence per line (data_prep/pydocs_text.py), written once
+    per Python build and code version into a cache named after a hash of both, and read from there."""
+    from data_prep.pydocs_text import cached_text
+
+    return cached_text()
 
 
 @pytest.fixture(scope="session")
 def zh_corpus() -> Path:
-    path = CORPORA / "zh_fortunes.txt"
-    if not path.exists():
-        pytest.fail(f"shared Chinese corpus missing at {path}: clone next to ../shared")
-    return path
+    """Chinese: Tang poems, Song ci and other classical poems, the Analects, the Tao Te Ching and the Book of Songs."""
+    return ZH_CORPUS

@@ -39,7 +39,7 @@ def read(path, **kw):
 def test_txt_documents_and_lines_counted_exactly(en_corpus):
     docs, skipped, _ = read(en_corpus)
     assert docs == reference_documents(en_corpus)
-    assert len(docs) > 10_000 and not skipped
+    assert len(docs) > 500 and not skipped  # ~640 modules' docstrings (the count follows the Python version)
 
 
 @pytest.mark.parametrize("chunk", [997, 20_000, 400_000])
@@ -145,7 +145,8 @@ def test_truncated_compressed_input_keeps_what_came_before(en_corpus, tmp_path, 
     compress = {".gz": gzip.compress, ".bz2": bz2.compress, ".zst": zstandard.ZstdCompressor().compress}[suffix]
     blob = compress(data)
     path = tmp_path / f"cut.txt{suffix}"
-    path.write_bytes(blob[: len(blob) // 2])
+    # cut at 3/4: bz2 decompresses 900 kB blocks whole, and the first block must end before the cut
+    path.write_bytes(blob[: len(blob) * 3 // 4])
     docs, skipped, where = read(path)
     plain = reference_documents(en_corpus)
     assert skipped == {"truncated_input": 1}
@@ -216,10 +217,12 @@ def test_sentence_rule(line, expected):
     assert split_sentences(line) == expected
 
 
-def test_sentence_splitting_keeps_all_text(en_corpus, zh_corpus):
-    for corpus in (en_corpus, zh_corpus):
+def test_sentence_splitting_keeps_all_text(zh_corpus):
+    # English: the standard library's docstring paragraphs (en_corpus is these, already split by this rule)
+    en_paragraphs = [line for doc in sources.iter_documents(sources.PYDOCS) for line in doc.lines]
+    for lines in (en_paragraphs, zh_corpus.read_text(encoding="utf-8").splitlines()):
         n_lines = n_sents = 0
-        for line in corpus.read_text(encoding="utf-8").splitlines():
+        for line in lines:
             sents = split_sentences(line)
             assert "".join("".join(sents).split()) == "".join(line.split())
             n_lines += bool(line.strip())
