@@ -102,7 +102,7 @@ def _init_dist() -> None:
 def _engine(preset: str, stage: int, optimizer: str):
     import deepspeed
 
-    from trainer.optim.lamb import bind_zero_layout
+    from trainer.optim.zero_lamb import bind_zero_layout
     model = _MlmLoss(_model(preset))
     if optimizer == "lamb":
         opt = Lamb(param_groups(model, 0.01, mark_trust_ratio=True), lr=1e-4, weight_decay=0.01)

@@ -81,7 +81,8 @@ def worker(args) -> dict:
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     micro, seq = MICRO[args.preset]
     batch = _batch(cfg.vocab_size, micro, seq)
-    from trainer.optim import OptimConfig, build_optimizer
+    from trainer.optim import OptimConfig
+    from trainer.optim.build import build_optimizer
     opt = build_optimizer(OptimConfig(lr=1e-4), model)
     if args.stage < 0:  # the plain PyTorch baseline
         def backward():
@@ -92,11 +93,9 @@ def worker(args) -> dict:
             opt.zero_grad()
         world = 1
     else:
-        from trainer import engine as ds
+        from trainer import engine
         from trainer.config import config_from_dict
-        _, world = ds.init_distributed(10)
-        sys.path.insert(0, str(REPO / "tests"))
-        from test_trainer_standin import SECTIONS
+        _, world = engine.init_distributed(10)
         ds_json = REPO / "ds_configs" / f"zero{args.stage}.json"
         if args.small_buckets:  # memory runs: 1M-element buckets, so communication buffers do not hide the states
             conf = json.loads(ds_json.read_text())
@@ -105,11 +104,11 @@ def worker(args) -> dict:
                     conf["zero_optimization"][key] = 1_000_000
             ds_json = Path(f"/tmp/bench_trainer_zero{args.stage}_{os.getpid()}.json")
             ds_json.write_text(json.dumps(conf))
-        run_cfg = config_from_dict({
-            "run_dir": "/tmp/bench_trainer", "model": {}, "data": {}, "objective": {},
+        run_cfg = config_from_dict({  # model, data and objective sections are not read here, but the schema wants them
+            "run_dir": "/tmp/bench_trainer", "model": cfg.model_dump(), "data": {"corpora": [{"prefix": "unused"}]},
             "train": {"steps": 10, "global_batch_size": micro * world, "micro_batch_size": micro},
-            "optim": {"lr": 1e-4}, "deepspeed": {"config": str(ds_json)}}, section_models=SECTIONS)
-        eng = ds.Engine(model, opt, None, ds.build_ds_config(run_cfg, world, 1))
+            "optim": {"lr": 1e-4}, "deepspeed": {"config": str(ds_json)}})
+        eng = engine.Engine(model, opt, None, engine.build_ds_config(run_cfg, world, 1))
 
         def backward():
             eng.backward(eng(_loss, batch))

@@ -15,12 +15,13 @@ Spans never cross a sequence boundary (a sample is built from whole sequences, s
 whole anyway). Spans of one kind do not overlap; an entity and a phrase may. The hook for ``build_indexed.py``
 (annotators: data_prep/annotators.py):
 
-    annotator = make_annotator("jieba")                          # once per process, from --annotate
-    writer = SidecarWriter(shard_prefix, annotator, tokenizer_dir)  # beside each shard's IndexedDatasetBuilder
+    annotator = DocumentAnnotator(make_annotator("jieba"), tokenizer_dir)  # once per process (data_prep.annotators)
+    writer = SidecarWriter(shard_prefix, annotator)              # beside each shard's IndexedDatasetBuilder
     writer.add_document(sentences, ids_per_sentence)             # with every document added to the shard
     writer.finalize()                                            # when the shard is finalized
 
-The trainer only reads (``SidecarReader``, ``place_spans``); this module imports no annotator code for that.
+The trainer only reads (``SidecarReader``, ``place_spans``). This module imports no annotator code: the writer is
+handed its annotator, and ``data_prep/annotators.py`` imports the span kinds from here.
 """
 from __future__ import annotations
 
@@ -28,12 +29,9 @@ import json
 import os
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from data_prep.annotators import Annotator
 
 KINDS = ("entity", "phrase")
 ENTITY, PHRASE = 0, 1
@@ -60,16 +58,14 @@ def _dedupe_kind_overlaps(spans: np.ndarray) -> np.ndarray:
 class SidecarWriter:
     """Writes ``SHARD.spans.npy`` and ``SHARD.spans.json`` atomically (temporary names, then ``os.replace``)."""
 
-    def __init__(self, shard_prefix: str | Path, annotator: Annotator | None = None,
-                 tokenizer_dir: str | Path | None = None, spec: str | None = None):
+    def __init__(self, shard_prefix: str | Path,
+                 annotator: Callable[[Sequence[str], Sequence[Sequence[int]] | None], list[np.ndarray]] | None = None,
+                 spec: str | None = None):
+        """``annotator``: a ``data_prep.annotators.DocumentAnnotator`` (sentences of a document -> token spans per
+        sentence), for ``add_document``; without it only ``add_document_spans`` works."""
         self.prefix = str(shard_prefix)
-        self.spec = spec or (annotator.spec if annotator is not None else "external")
-        self._doc = None
-        if annotator is not None:
-            # imported here: annotators import this module (for the kinds), and readers never need them
-            from data_prep.annotators import DocumentAnnotator
-
-            self._doc = DocumentAnnotator(annotator, tokenizer_dir)
+        self.spec = spec or (annotator.annotator.spec if annotator is not None else "external")
+        self._doc = annotator
         self._chunks: list[np.ndarray] = []
         self._sequences = 0
         self.stats: Counter = Counter()

@@ -17,7 +17,7 @@
 #   BERTFAMILY_VENV   virtual environment to activate on every node (default: $BERTFAMILY_HOME/.venv if present;
 #                     "none" to use the environment the job inherited, e.g. a module or conda env)
 #   CONFIG            recipe name or YAML file (each template sets its own default)
-#   TRAIN_SCRIPT      the entry point (default trainer/pretrain.py; ERNIE: trainer/ernie/pretrain.py)
+#   TRAIN_SCRIPT      the entry point (default trainer/pretrain.py, which trains every model)
 #   RUN_DIR           run folder: checkpoints, metrics.jsonl, TensorBoard, per-rank logs (each template's default is
 #                     under runs/; relative paths are relative to BERTFAMILY_HOME). Set RUN_DIR rather than
 #                     --set run_dir=...: the job script reads the run's status.json and checkpoints there.

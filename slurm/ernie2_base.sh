@@ -6,7 +6,7 @@
 # Fewer nodes accumulate (1 node -> 3); more nodes need a smaller micro batch, because 768 must divide evenly:
 # 6 nodes (the paper's 48 GPUs) with EXTRA_SETS=train.micro_batch_size=16, 12 nodes with 8. The continual schedule
 # (stages, tasks, iterations per task) is in the recipe and counted in steps, so a requeued job resumes in the
-# middle of a stage with the same task mix. The entry point is trainer/ernie/pretrain.py (ERNIE's objective and
+# middle of a stage with the same task mix. The entry point is trainer/pretrain.py (ERNIE's objective and
 # data on the common trainer).
 #
 # Overrides: environment variables (see slurm/common.sh) and sbatch flags, e.g.
@@ -24,7 +24,7 @@
 #SBATCH --output=%x-%j.out
 set -uo pipefail
 CONFIG=${CONFIG:-ernie2_base}
-TRAIN_SCRIPT=${TRAIN_SCRIPT:-trainer/ernie/pretrain.py}
+TRAIN_SCRIPT=${TRAIN_SCRIPT:-trainer/pretrain.py}
 RUN_DIR=${RUN_DIR:-runs/ernie2_base}
 COMMON=${BERTFAMILY_HOME:-${SLURM_SUBMIT_DIR:-.}}/slurm/common.sh
 [ -f "$COMMON" ] || { echo "error: $COMMON not found: run sbatch from the repository root or set BERTFAMILY_HOME" >&2; exit 1; }

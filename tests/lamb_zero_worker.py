@@ -129,7 +129,8 @@ def _engine(stage: int, world: int, bind: bool, grad_acc: int = GRAD_ACC, univer
             bf16: bool = False, offload: bool = False):
     import deepspeed
 
-    from trainer.optim.lamb import Lamb, bind_zero_layout
+    from trainer.optim.lamb import Lamb
+    from trainer.optim.zero_lamb import bind_zero_layout
     from trainer.optim.param_groups import param_groups
 
     model = make_model()

@@ -96,7 +96,8 @@ def test_sidecar_round_trip_on_chinese_corpus(tmp_path, zh_tok, zh_corpus):
             docs.append(doc)
             doc = []
     ids = [ours.encode_batch(d) for d in docs]
-    writer = sidecar.SidecarWriter(tmp_path / "zh_00000", annotators.make_annotator("jieba"), zh_tok)
+    doc = annotators.DocumentAnnotator(annotators.make_annotator("jieba"), zh_tok)
+    writer = sidecar.SidecarWriter(tmp_path / "zh_00000", doc)
     expected = []
     for d, d_ids in zip(docs, ids):
         writer.add_document(d, d_ids)
@@ -131,7 +132,8 @@ def test_sidecar_round_trip_on_chinese_corpus(tmp_path, zh_tok, zh_corpus):
 
 
 def test_sidecar_refuses_wrong_build(tmp_path, zh_tok):
-    writer = sidecar.SidecarWriter(tmp_path / "s", annotators.make_annotator("jieba"), zh_tok)
+    doc = annotators.DocumentAnnotator(annotators.make_annotator("jieba"), zh_tok)
+    writer = sidecar.SidecarWriter(tmp_path / "s", doc)
     with pytest.raises(ValueError, match="differs from the ids written"):
         writer.add_document(["北京大学"], [[1, 2, 3, 4, 5]])
     writer.add_document(["北京大学很大。"])
@@ -189,7 +191,8 @@ def test_annotate_existing_corpus_matches_in_build_annotation(tmp_path, zh_tok, 
 
     # the hook's view: documents as build_indexed reads them (blank line between documents), original text
     tok = load_tokenizer(zh_tok)
-    writer = sidecar.SidecarWriter(tmp_path / "hook", annotators.make_annotator("jieba"), zh_tok)
+    doc = annotators.DocumentAnnotator(annotators.make_annotator("jieba"), zh_tok)
+    writer = sidecar.SidecarWriter(tmp_path / "hook", doc)
     doc = []
     for line in text.read_text(encoding="utf-8").splitlines() + [""]:
         if line.strip():

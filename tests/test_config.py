@@ -12,17 +12,17 @@ import torch
 import yaml
 
 from trainer.config import ConfigError, apply_override, config_from_dict, load_config, validate_batch
-from trainer.optim import GuardedAdamW, OptimConfig, build_optimizer, param_groups
+from trainer.optim import OptimConfig
+from trainer.optim.build import GuardedAdamW, build_optimizer
+from trainer.optim.param_groups import param_groups
 from trainer.optim.schedules import ScheduleConfig, WarmupDecay, build_scheduler
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from test_trainer_standin import SECTIONS  # noqa: E402
 
 RAW = {
     "run_dir": "/tmp/x",
-    "model": {"hidden_size": 32},
-    "data": {},
+    "model": {"vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 2},
+    "data": {"corpora": [{"prefix": "unused"}]},
     "objective": {"name": "mlm"},
     "train": {"steps": 10, "global_batch_size": 16, "micro_batch_size": 2},
     "optim": {"lr": 1e-3},
@@ -31,7 +31,7 @@ RAW = {
 
 
 def cfg_of(raw=None, **kw):
-    return config_from_dict(raw or RAW, section_models=SECTIONS, **kw)
+    return config_from_dict(raw or RAW, **kw)
 
 
 def write(tmp_path, raw) -> Path:
@@ -70,7 +70,7 @@ def test_batch_arithmetic():
 def test_set_overrides_are_typed_by_the_schema(tmp_path):
     path = write(tmp_path, RAW)
     cfg = load_config(str(path), ["optim.lr=4e-4", "run_dir=/tmp/y", "optim.betas=[0.9, 0.98]",
-                                  "deepspeed.zero_stage=3"], section_models=SECTIONS)
+                                  "deepspeed.zero_stage=3"])
     assert cfg.optim.lr == 4e-4 and isinstance(cfg.optim.lr, float)
     assert cfg.run_dir == "/tmp/y" and cfg.optim.betas == (0.9, 0.98) and cfg.deepspeed.zero_stage == 3
     raw = {"data": {"corpora": [{"prefix": "a"}, {"prefix": "b"}]}}
@@ -81,14 +81,14 @@ def test_set_overrides_are_typed_by_the_schema(tmp_path):
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         apply_override({}, "optim.lr")
     with pytest.raises(ConfigError, match=r"deepspeed\.zero_stage"):
-        load_config(str(path), ["deepspeed.zero_stage=4"], section_models=SECTIONS)
+        load_config(str(path), ["deepspeed.zero_stage=4"])
 
 
 def test_base_recipe_inheritance(tmp_path):
     (tmp_path / "parent.yaml").write_text(yaml.safe_dump(RAW))
     child = tmp_path / "child.yaml"
     child.write_text(yaml.safe_dump({"base": str(tmp_path / "parent.yaml"), "optim": {"lr": 5e-4}}))
-    cfg = load_config(str(child), section_models=SECTIONS)
+    cfg = load_config(str(child))
     assert cfg.optim.lr == 5e-4 and cfg.train.global_batch_size == 16 and cfg.recipe == "child"
 
 
@@ -123,8 +123,7 @@ def test_ds_config_is_filled_from_the_recipe():
 def test_check_flag_validates_without_launching(tmp_path, capsys):
     """`--check` and a bad config both return before deepspeed is imported or any process group exists."""
     bad = write(tmp_path, {**RAW, "optim": {"lr": -1.0}})
-    code = ("import sys; sys.path.insert(0, 'tests'); from test_trainer_standin import SECTIONS, build; "
-            "from trainer.pretrain import main; rc = main(sys.argv[1:], build, SECTIONS); "
+    code = ("import sys; from trainer.pretrain import main; rc = main(sys.argv[1:]); "
             "assert 'deepspeed' not in sys.modules; sys.exit(rc)")
     proc = subprocess.run([sys.executable, "-c", code, "--config", str(bad)], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
@@ -132,7 +131,7 @@ def test_check_flag_validates_without_launching(tmp_path, capsys):
     assert "optim.lr: Input should be greater than 0" in proc.stderr
     from trainer.pretrain import main
     good = write(tmp_path, RAW)
-    assert main(["--config", str(good), "--check", "--set", "seed=9"], section_models=SECTIONS) == 0
+    assert main(["--config", str(good), "--check", "--set", "seed=9"]) == 0
     assert '"seed": 9' in capsys.readouterr().out
 
 

@@ -61,19 +61,19 @@ def corpus(tmp_path_factory):
 
 def _config(tmp, recipe, *sets):
     from trainer.config import load_config
-    from trainer.ernie.components import SECTION_MODELS
 
     return load_config(recipe, [f"data.corpora=[{{prefix: {tmp / 'train' / 'c'}}}]",
                                 f"data.valid_corpora=[{{prefix: {tmp / 'valid' / 'c'}}}]",
-                                f"data.cache_dir={tmp / 'cache'}", *sets], section_models=SECTION_MODELS)
+                                f"data.cache_dir={tmp / 'cache'}", *sets])
 
 
 def test_ernie2_held_out_batches_rotate_through_every_task(corpus):
-    from trainer.ernie.components import build_dataset, build_objective
+    from trainer.ernie.components import build_dataset
+    from trainer.objectives import get_objective
 
     tmp, tok = corpus
     cfg = _config(tmp, "tiny_ernie2", f"objective.options.continual.tasks={json.dumps(TASKS)}", "train.steps=1")
-    objective = build_objective(cfg.objective)
+    objective = get_objective(cfg.objective)
     valid, plan = build_dataset(cfg, tok, objective, "valid", global_batch=2)
     assert plan.total_steps > 0 and isinstance(valid.plan, EvalPlan)
     words = {tok.decode([t]).strip().lower() for t in np.unique(valid.corpora[0].read(0, 4))}
@@ -92,12 +92,13 @@ def test_ernie2_held_out_batches_rotate_through_every_task(corpus):
 def test_sentence_distance_rows_label_each_sentence_against_its_own_document(corpus):
     """Token-document relation on a distance row [CLS] A [SEP] B [SEP]: A's tokens against the rest of A's document,
     B's against the rest of B's (B may come from another document)."""
-    from trainer.ernie.components import build_dataset, build_objective
+    from trainer.ernie.components import build_dataset
+    from trainer.objectives import get_objective
     from trainer.ernie.tasks import pair_row
 
     tmp, tok = corpus
     cfg = _config(tmp, "tiny_ernie2", f"objective.options.continual.tasks={json.dumps(TASKS)}", "train.steps=1")
-    train, _ = build_dataset(cfg, tok, build_objective(cfg.objective))
+    train, _ = build_dataset(cfg, tok, get_objective(cfg.objective))
     corpus0 = train.corpora[0]
     # sentence 0 "Apple banana cherry." (document 0) paired with sentence 3 "Dog egg lime." (document 1)
     assert corpus0.document_of(0) != corpus0.document_of(3)
@@ -110,7 +111,8 @@ def test_sentence_distance_rows_label_each_sentence_against_its_own_document(cor
 
 
 def test_ernie1_held_out_dlm_batches_come_from_the_held_out_dialogues(corpus, tmp_path):
-    from trainer.ernie.components import build_dataset, build_objective
+    from trainer.ernie.components import build_dataset
+    from trainer.objectives import get_objective
 
     tmp, tok = corpus
     seen, unseen = tmp_path / "seen.jsonl", tmp_path / "unseen.jsonl"
@@ -121,7 +123,7 @@ def test_ernie1_held_out_dlm_batches_come_from_the_held_out_dialogues(corpus, tm
     basic = "objective.options.knowledge_masking.stages=[{level: basic, start_step: 0}]"  # no side-car here
     cfg = _config(tmp, "tiny_ernie", f"objective.options.dlm.path={seen}", "objective.options.dlm.every=2",
                   f"objective.options.dlm.valid_path={unseen}", "train.steps=1", basic)
-    objective = build_objective(cfg.objective)
+    objective = get_objective(cfg.objective)
     valid, _ = build_dataset(cfg, tok, objective, "valid", global_batch=2)
     unseen_ids = {t for line in unseen.read_text().splitlines() for turn in json.loads(line)["turns"]
                   for t in tok.encode(turn)}
@@ -136,7 +138,7 @@ def test_ernie1_held_out_dlm_batches_come_from_the_held_out_dialogues(corpus, tm
     # without valid_path, evaluation has MLM batches only (the training dialogues are not held out)
     cfg = _config(tmp, "tiny_ernie", f"objective.options.dlm.path={seen}", "objective.options.dlm.every=2",
                   "train.steps=1", basic)
-    valid, _ = build_dataset(cfg, tok, build_objective(cfg.objective), "valid", global_batch=2)
+    valid, _ = build_dataset(cfg, tok, get_objective(cfg.objective), "valid", global_batch=2)
     assert not any("dlm_label" in r for a in range(4) for r in valid.__getitems__([2 * a, 2 * a + 1]))
 
 

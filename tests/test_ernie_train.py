@@ -1,5 +1,5 @@
 """End to end: tiny ERNIE 1.0 on the shared Chinese corpus and tiny ERNIE 2.0 with five tasks, each on 2 CPU ranks
-(torchrun, gloo, ZeRO-2, fp32) through ``python -m trainer.ernie.pretrain``, from tokenizer to shards to side-car."""
+(torchrun, gloo, ZeRO-2, fp32) through ``python -m trainer.pretrain``, from tokenizer to shards to side-car."""
 import json
 import socket
 import subprocess
@@ -45,10 +45,10 @@ def _prepare(tmp: Path, corpus: Path, kind: str, lines: int, vocab: int, extra=(
     return tmp / "corpus" / kind, size, text
 
 
-def _train(recipe: str, run_dir: Path, *sets: str, entry: str = "trainer.pretrain") -> tuple[list[dict], list[dict]]:
+def _train(recipe: str, run_dir: Path, *sets: str) -> tuple[list[dict], list[dict]]:
     """Run a recipe on 2 ranks; returns its logged (training, evaluation) records."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-           str(_free_port()), "-m", entry, "--config", recipe, "--set", f"run_dir={run_dir}",
+           str(_free_port()), "-m", "trainer.pretrain", "--config", recipe, "--set", f"run_dir={run_dir}",
            *(x for s in sets for x in ("--set", s))]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
@@ -92,14 +92,14 @@ def test_ernie_samples_are_pure_functions_of_position(zh_prepared):
     """Any sample rebuilt in any order by a fresh dataset is the same, and the masking level follows its step."""
     from data_prep.tokenizer import load_tokenizer
     from trainer.config import load_config
-    from trainer.ernie.components import SECTION_MODELS, build_dataset, build_objective
+    from trainer.ernie.components import build_dataset
+    from trainer.objectives import get_objective
 
     tmp, prefix, vocab, _ = zh_prepared
     cfg = load_config("tiny_ernie", [f"data.corpora=[{{prefix: {prefix}}}]", f"model.vocab_size={vocab}",
-                                     "objective.options.dlm=null", f"data.cache_dir={tmp / 'cache'}"],
-                      section_models=SECTION_MODELS)
+                                     "objective.options.dlm=null", f"data.cache_dir={tmp / 'cache'}"])
     tok = load_tokenizer(tmp / "zh_tok")
-    objective = build_objective(cfg.objective)
+    objective = get_objective(cfg.objective)
     a, _ = build_dataset(cfg, tok, objective)
     b, _ = build_dataset(cfg, tok, objective)
     positions = [0, 5, 17, 16 * 25 + 3, 16 * 45, 16 * 59 + 15]  # steps 0, 0, 1, 25 (phrase), 45 (entity), 59
@@ -133,12 +133,11 @@ def test_tiny_ernie_on_chinese_corpus_two_ranks(zh_prepared):
     dialogues = _dialogues(text, tmp_path / "dialogues.jsonl")
     held_out = _dialogues(tmp_path / "zh_valid.txt", tmp_path / "dialogues_valid.jsonl")
     run_dir = tmp_path / "run"
-    # through the ERNIE entry point (trainer.pretrain with ERNIE's section model and components)
     recs, evals = _train("tiny_ernie", run_dir, f"data.corpora=[{{prefix: {prefix}}}]", f"model.vocab_size={vocab}",
                          f"data.valid_corpora=[{{prefix: {tmp_path / 'valid' / 'zh'}}}]",
                          f"objective.options.dlm.path={dialogues}", f"objective.options.dlm.valid_path={held_out}",
                          "objective.options.dlm.every=2", "objective.options.dlm.annotate=jieba", "train.steps=2000",
-                         "train.eval_every=1000", "train.eval_batches=40", entry="trainer.ernie.pretrain")
+                         "train.eval_every=1000", "train.eval_batches=40")
     assert [r["step"] for r in recs] == list(range(1, 2001))
     assert [r["step"] for r in recs if "dlm_loss" in r] == list(range(2, 2001, 2))  # every 2nd step, both ranks
     _falls(recs, "mlm_loss", margin=0.5)

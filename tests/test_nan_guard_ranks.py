@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer.optim import OptimConfig, build_optimizer
+from trainer.optim import OptimConfig
+from trainer.optim.build import build_optimizer
 
 pytestmark = pytest.mark.multiproc
 

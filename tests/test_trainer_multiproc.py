@@ -29,9 +29,9 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.slow]  # each launch ~8 s alone
 
 BASE = {
     "seed": 5,
-    "model": {"hidden_size": 32, "num_layers": 2, "dropout": 0.0},
-    "data": {"max_seq_length": 16},
-    "objective": {"name": "mlm"},
+    "model": {"vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "dropout": 0.0},
+    "data": {"corpora": [{"prefix": "unused-by-the-standin"}], "max_seq_length": 16},
+    "objective": {"name": "standin"},
     "train": {"steps": 8, "global_batch_size": 8, "micro_batch_size": 2, "eval_every": 4, "eval_batches": 2},
     "optim": {"name": "adamw", "lr": 3e-3, "weight_decay": 0.01, "grad_clip": 1.0},
     "schedule": {"kind": "linear", "warmup_steps": 2, "decay_steps": 8},
@@ -270,8 +270,9 @@ def test_preemption_signal_saves_and_exits_for_requeue(tmp):
 def test_nan_guard_skips_then_stops_with_a_clear_message(tmp):
     """One process, no launcher. Losses turn NaN from step 4: steps are skipped (weights untouched), and after 3 in
     a row the run stops with exit status 3 and a message naming the step."""
-    cfg = make_config(tmp, "nan", model={"nan_after_step": 3}, train={"steps": 20, "max_nonfinite_in_a_row": 3},
-                      checkpoint={"every_steps": 3}, deepspeed={"config": str(REPO / "ds_configs" / "zero0.json")})
+    cfg = make_config(tmp, "nan", objective={"options": {"nan_after_step": 3}},
+                      train={"steps": 20, "max_nonfinite_in_a_row": 3}, checkpoint={"every_steps": 3},
+                      deepspeed={"config": str(REPO / "ds_configs" / "zero0.json")})
     proc = run(cfg, 1, expect=3)
     out = proc.stdout + proc.stderr
     assert "stopping at step 6" in out and "optim.lr" in out

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import RECIPES_DIR, load_config, precision, validate_batch
+from trainer.config import RECIPES_DIR, load_config, validate_batch
+from trainer.ds_json import precision
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -192,7 +192,7 @@ def prepare_universal(tag_dir: Path, rank: int, wait_s: float | None = None, pol
     collective: converting a large model's ZeRO state can outlast the process group's timeout (DeepSpeed's
     ``timeout_minutes``, 10 by default), which would kill the waiting ranks mid-conversion. They give up after
     ``wait_s`` (default 4 h, env ``BERTFAMILY_UNIVERSAL_WAIT_S``) with a message naming the folder."""
-    from trainer.engine import convert_to_universal
+    from trainer.engine import convert_to_universal  # deepspeed: loaded only by the calls that need it
     out = Path(tag_dir) / UNIVERSAL
     failed = Path(tag_dir) / f".{UNIVERSAL}.failed"
     if rank == 0:
@@ -243,7 +243,7 @@ def load_model_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], dic
 
     ``ckpt_dir`` is one checkpoint (``.../global_stepN``) or a checkpoints folder (its newest complete one).
     """
-    from trainer.engine import consolidated_fp32_state_dict
+    from trainer.engine import consolidated_fp32_state_dict  # deepspeed: loaded only by the calls that need it
     path = Path(ckpt_dir)
     if not is_complete(path):
         found = find_latest(path)

@@ -1,9 +1,11 @@
-"""The typed run config: YAML -> one pydantic model per concern, validated before any process does real work.
+"""The typed run config: YAML -> ``RunConfig``, one pydantic model per concern, validated before any process does
+real work.
 
-Sections owned elsewhere (``model``, ``data``, ``objective``) are defined next to their code and composed here by
-``run_config_model()``; the sections the trainer owns (``train``, ``optim``, ``schedule``, ``checkpoint``,
-``logging``, ``deepspeed``) are defined below or in ``trainer/optim``. Every model forbids unknown keys, so a typo
-fails with the key's dotted path instead of being silently ignored.
+Sections owned elsewhere (``model``, ``data``, ``objective``, ``optim``, ``schedule``) are defined next to their code;
+the sections the trainer owns (``train``, ``checkpoint``, ``logging``, ``deepspeed``) below. Every model forbids
+unknown keys, so a typo fails with the key's dotted path instead of being silently ignored. Every section imports
+only pydantic and the standard library (and YAML here): validating a config, ``--check`` included, imports neither
+torch, nor DeepSpeed, nor the encoder, so it answers in well under a second, also on a login node without torch.
 
 Usage::
 
@@ -11,28 +13,20 @@ Usage::
 """
 from __future__ import annotations
 
-import importlib
-import json
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trainer.optim import OptimConfig
-from trainer.optim.schedules import ScheduleConfig
+from trainer.data.config import DataConfig
+from trainer.ds_json import ds_config_path, offload_problem, precision, read_ds_json
+from trainer.models.config import ModelConfig
+from trainer.models.presets import get_preset
+from trainer.objectives import ObjectiveConfig, check_data_requirements
+from trainer.optim.config import OptimConfig, ScheduleConfig
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
-
-# Where the sections that other packages own live ("module:attribute"). A test can compose stand-ins by passing
-# its own mapping to run_config_model().
-SECTION_MODELS = {
-    "model": "trainer.models:ModelConfig",
-    "data": "trainer.data:DataConfig",
-    "objective": "trainer.objectives:ObjectiveConfig",
-}
 
 
 class ConfigError(ValueError):
@@ -98,44 +92,25 @@ class DeepSpeedConfig(_Section):
     """Collective timeout: a dead rank fails the others after this long instead of hanging the job."""
 
 
-def _import(ref: str):
-    module, attr = ref.split(":")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as err:
-        raise ConfigError(f"config section model {ref} is not available ({err}); is that package installed?") from err
+class RunConfig(_Section):
+    """A whole run: what ``load_config`` returns and ``Trainer.cfg`` holds."""
 
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
-@lru_cache(maxsize=None)
-def _cached_model(refs: tuple[tuple[str, str], ...]):
-    sections = {name: (_import(ref), ...) for name, ref in refs}
-    return _compose(sections)
-
-
-def _compose(sections: dict[str, tuple[type, Any]]) -> type[BaseModel]:
-    model = create_model(
-        "RunConfig",
-        __config__=ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=()),
-        run_dir=(str, ...),
-        seed=(int, 1234),
-        train=(TrainConfig, ...),
-        optim=(OptimConfig, ...),
-        schedule=(ScheduleConfig, ScheduleConfig()),
-        checkpoint=(CheckpointConfig, CheckpointConfig()),
-        logging=(LoggingConfig, LoggingConfig()),
-        deepspeed=(DeepSpeedConfig, DeepSpeedConfig()),
-        recipe=(str | None, None),
-        **sections,
-    )
-    return model
-
-
-def run_config_model(section_models: dict[str, str | type] | None = None) -> type[BaseModel]:
-    """The RunConfig pydantic class composed of every package's section model (refs or classes)."""
-    refs = dict(SECTION_MODELS, **(section_models or {}))
-    if all(isinstance(v, str) for v in refs.values()):
-        return _cached_model(tuple(sorted(refs.items())))
-    return _compose({k: ((_import(v) if isinstance(v, str) else v), ...) for k, v in refs.items()})
+    run_dir: str
+    """Where metrics, status, config.json and (by default) checkpoints of the run go."""
+    seed: int = 1234
+    train: TrainConfig
+    optim: OptimConfig
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
+    recipe: str | None = None
+    """The recipe's name (its file's stem), filled in by ``load_config``."""
+    data: DataConfig
+    model: ModelConfig
+    objective: ObjectiveConfig
 
 
 # --- YAML, recipes and --set overrides ---------------------------------------------------------------------------
@@ -214,6 +189,7 @@ def _resolve_from_data(raw: dict) -> None:
         prefix = raw["data"]["corpora"][0]["prefix"]
     except (KeyError, IndexError, TypeError):
         raise ConfigError("model.vocab_size/pad_token_id: auto needs data.corpora[0].prefix") from None
+    # imported here, only for `auto`: the tokenizer module loads numpy and HF tokenizers, which validation avoids
     from data_prep.manifest import read_manifest, tokenizer_dir
     try:
         tok = read_manifest(prefix)["tokenizer"]
@@ -235,14 +211,10 @@ def _resolve_model_preset(raw: dict) -> None:
         model = dict(model)
         name = model.pop("preset")
         try:
-            from trainer.models import get_preset
-        except ImportError as err:
-            raise ConfigError(f"model.preset={name!r} needs trainer.models.get_preset ({err})") from err
-        try:
             preset = get_preset(name, **model)
         except (KeyError, ValueError, TypeError) as err:
             raise ConfigError(f"model.preset={name!r}: {err}") from err
-        raw["model"] = preset.model_dump() if hasattr(preset, "model_dump") else dict(preset)
+        raw["model"] = preset.model_dump()
 
 
 def _format_errors(err: ValidationError, source: str) -> str:
@@ -255,7 +227,7 @@ def _format_errors(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def validate_batch(cfg, world_size: int) -> int:
+def validate_batch(cfg: RunConfig, world_size: int) -> int:
     """Check global = micro x accumulation x data-parallel size; returns the accumulation steps to use."""
     t = cfg.train
     per_step = t.micro_batch_size * world_size
@@ -274,40 +246,40 @@ def validate_batch(cfg, world_size: int) -> int:
     return t.gradient_accumulation_steps
 
 
-def load_config(path_or_name: str, overrides: list[str] | tuple[str, ...] = (), world_size: int | None = None,
-                section_models: dict[str, str | type] | None = None):
+def load_config(path_or_name: str, overrides: list[str] | tuple[str, ...] = (),
+                world_size: int | None = None) -> RunConfig:
     """Read, merge, override and validate a run config; ``world_size`` also checks the batch arithmetic."""
     path = resolve_recipe(path_or_name)
     raw = _read_yaml(path)
     for override in overrides:
         apply_override(raw, override)
     raw.setdefault("recipe", path.stem)
-    return config_from_dict(raw, source=str(path), world_size=world_size, section_models=section_models)
+    return config_from_dict(raw, source=str(path), world_size=world_size)
 
 
-def config_from_dict(raw: dict, source: str = "config", world_size: int | None = None,
-                     section_models: dict[str, str | type] | None = None):
+def config_from_dict(raw: dict, source: str = "config", world_size: int | None = None) -> RunConfig:
     raw = dict(raw)
     _resolve_from_data(raw)
     _resolve_model_preset(raw)
-    model_cls = run_config_model(section_models)
     try:
-        cfg = model_cls.model_validate(raw)
+        cfg = RunConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_errors(err, source)) from None
     ds_path = ds_config_path(cfg)
     if not ds_path.exists():
         raise ConfigError(f"{source}: deepspeed.config: {ds_path} does not exist (see ds_configs/)")
     try:
-        precision(cfg)
+        ds_json = read_ds_json(cfg)
+        precision(cfg, ds_json)
     except ValueError as err:
         raise ConfigError(f"{source}: {err}") from None
-    from trainer.optim import offload_problem
-    problem = offload_problem(cfg.optim, read_ds_json(cfg), str(ds_path))
+    problem = offload_problem(cfg.optim, ds_json, str(ds_path))
     if problem:  # LAMB under optimizer offload: refused before any process starts (exit 2)
         raise ConfigError(f"{source}: {problem}")
-    if not section_models:  # stand-in sections (tests) have no objective registry to check against
-        _check_objective_data(cfg, source)
+    try:  # the objective says which sample format it needs; a mismatch with data fails here, not at step 1
+        check_data_requirements(cfg.objective, cfg.data)
+    except ValueError as err:
+        raise ConfigError(f"{source}: objective/data mismatch: {err}") from None
     if world_size is not None:
         try:
             validate_batch(cfg, world_size)
@@ -316,47 +288,5 @@ def config_from_dict(raw: dict, source: str = "config", world_size: int | None =
     return cfg
 
 
-def _check_objective_data(cfg, source: str) -> None:
-    """The objective says which sample format it needs; a mismatch with data fails here, not at step 1."""
-    try:
-        from trainer.objectives import check_data_requirements
-    except ImportError:
-        return  # the objectives package does not offer the check (yet); it then fails at build time instead
-    try:
-        check_data_requirements(cfg.objective, cfg.data)
-    except ValueError as err:
-        raise ConfigError(f"{source}: objective/data mismatch: {err}") from None
-
-
-def ds_config_path(cfg) -> Path:
-    path = Path(cfg.deepspeed.config)
-    return path if path.is_absolute() else REPO_ROOT / path
-
-
-def read_ds_json(cfg) -> dict:
-    path = ds_config_path(cfg)
-    try:
-        ds = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"deepspeed.config: {path} is not valid JSON: {err}") from None
-    if not isinstance(ds, dict):
-        raise ValueError(f"deepspeed.config: {path} must hold a JSON object")
-    return ds
-
-
-def precision(cfg) -> str:
-    """fp32 | bf16 | fp16: deepspeed.precision if set, else what the JSON enables; a contradiction is an error."""
-    ds = read_ds_json(cfg)
-    enabled = [p for p in ("bf16", "fp16") if ds.get(p, {}).get("enabled")]
-    if len(enabled) > 1:
-        raise ValueError(f"deepspeed.config: {ds_config_path(cfg)} enables both bf16 and fp16")
-    from_json = enabled[0] if enabled else "fp32"
-    wanted = cfg.deepspeed.precision
-    if wanted is not None and enabled and wanted != from_json:
-        raise ValueError(f"deepspeed.precision={wanted} but {ds_config_path(cfg)} enables {from_json}; "
-                         "drop one of them")
-    return wanted or from_json
-
-
-def checkpoint_dir(cfg) -> Path:
+def checkpoint_dir(cfg: RunConfig) -> Path:
     return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(cfg.run_dir) / "checkpoints"

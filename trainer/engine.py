@@ -1,9 +1,12 @@
-"""The one product module that imports deepspeed: process group, engine, checkpoint I/O, universal conversion.
+"""The one product module that imports deepspeed: process group, optimizers, engine, checkpoint I/O, universal
+conversion.
 
 The training loop talks to ``Engine`` (forward / backward / step / save / load) and never reaches into ZeRO. The
 DeepSpeed JSON named by a recipe holds only engine settings (ZeRO stage, buckets, offload, precision blocks); the
 values the trainer computes (batch sizes, gradient clipping, precision, universal loading) are filled in by
-``build_ds_config``, and a JSON that sets them by hand is rejected so they are never duplicated.
+``build_ds_config``, once per run, and a JSON that sets them by hand is rejected so they are never duplicated.
+``build_optimizer`` picks the optimizer: DeepSpeed's where one applies (FusedAdam on GPU, DeepSpeedCPUAdam under
+ZeRO-Offload), else ``trainer.optim.build``'s; every one carries the non-finite guard.
 """
 from __future__ import annotations
 
@@ -12,13 +15,18 @@ import os
 import socket
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import torch
 
 import deepspeed
 from deepspeed.accelerator import get_accelerator
+
+from trainer.ds_json import ds_config_path, offloads_optimizer, precision, read_ds_json
+from trainer.optim import OptimConfig, zero_lamb
+from trainer.optim.build import NonFiniteGuard, build_optimizer as build_torch_optimizer
+from trainer.optim.lamb import Lamb
+from trainer.optim.param_groups import param_groups
 
 # Keys the trainer owns; a ds_config that sets them would silently disagree with the recipe.
 TRAINER_OWNED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -76,103 +84,72 @@ def device_name() -> str:
     return f"{acc.device_name()}:{int(os.environ.get('LOCAL_RANK', 0))}"
 
 
-def fused_adam_class():
-    """DeepSpeed's fused (multi-tensor CUDA) Adam; only for GPUs: on CPU it compiles a native op for ~75 s."""
-    from deepspeed.ops.adam import FusedAdam
-    return FusedAdam
-
-
-def cpu_adam_class():
-    """DeepSpeed's ``DeepSpeedCPUAdam`` (AVX kernel, ZeRO-Offload's optimizer); compiles ``cpu_adam`` on first use
-    (~75 s on 2 cores, then cached in TORCH_EXTENSIONS_DIR)."""
-    from deepspeed.ops.adam import DeepSpeedCPUAdam
-    return DeepSpeedCPUAdam
-
-
 def build_ds_config(cfg, world_size: int, grad_accum: int, load_universal: bool = False) -> dict:
-    """The DeepSpeed config dict: the recipe's JSON plus everything the trainer computes."""
-    from trainer.config import ConfigError, ds_config_path, precision, read_ds_json
-    from trainer.optim import offload_problem
-    path = ds_config_path(cfg)
-    ds = read_ds_json(cfg)
-    owned = [k for k in TRAINER_OWNED_KEYS if k in ds]
+    """The DeepSpeed config dict of a run (built once, by ``trainer.pretrain.run``): the recipe's JSON plus everything
+    the trainer computes. ``cfg`` has been validated (``trainer.config``), which also refused LAMB under offload."""
+    ds_json = read_ds_json(cfg)
+    owned = [k for k in TRAINER_OWNED_KEYS if k in ds_json]
     if owned:
-        raise ValueError(f"{path}: sets {owned}, which the trainer fills in from the recipe (train.*, optim.*); "
-                         "remove them from the JSON")
-    problem = offload_problem(cfg.optim, ds, str(path))
-    if problem:
-        raise ConfigError(problem)
-    ds["train_micro_batch_size_per_gpu"] = cfg.train.micro_batch_size
-    ds["gradient_accumulation_steps"] = grad_accum
-    ds["train_batch_size"] = cfg.train.micro_batch_size * grad_accum * world_size
-    ds["gradient_clipping"] = cfg.optim.grad_clip
-    ds.setdefault("zero_optimization", {})
+        raise ValueError(f"{ds_config_path(cfg)}: sets {owned}, which the trainer fills in from the recipe (train.*, "
+                         "optim.*); remove them from the JSON")
+    ds_json["train_micro_batch_size_per_gpu"] = cfg.train.micro_batch_size
+    ds_json["gradient_accumulation_steps"] = grad_accum
+    ds_json["train_batch_size"] = cfg.train.micro_batch_size * grad_accum * world_size
+    ds_json["gradient_clipping"] = cfg.optim.grad_clip
+    ds_json.setdefault("zero_optimization", {})
     if cfg.deepspeed.zero_stage is not None:
-        ds["zero_optimization"]["stage"] = cfg.deepspeed.zero_stage
-    prec = precision(cfg)
-    ds["bf16"] = dict(ds.get("bf16", {}), enabled=prec == "bf16")
-    fp16 = dict(ds.get("fp16", {}), enabled=prec == "fp16")
+        ds_json["zero_optimization"]["stage"] = cfg.deepspeed.zero_stage
+    prec = precision(cfg, ds_json)
+    ds_json["bf16"] = dict(ds_json.get("bf16", {}), enabled=prec == "bf16")
+    fp16 = dict(ds_json.get("fp16", {}), enabled=prec == "fp16")
     if prec == "fp16":
         fp16.setdefault("loss_scale", 0)  # 0 = dynamic loss scaling
         fp16.setdefault("initial_scale_power", 16)
-    ds["fp16"] = fp16
+    ds_json["fp16"] = fp16
     # A client optimizer under ZeRO: torch AdamW is on DeepSpeed's list, our LAMB is not (it handles the partition
     # layout itself, see trainer/optim/zero_lamb.py), nor our guarded DeepSpeedCPUAdam (DeepSpeed checks exact types).
-    ds["zero_allow_untested_optimizer"] = True
-    ds["steps_per_print"] = 2**31 - 1  # our own logging reports progress
-    ds["checkpoint"] = dict(ds.get("checkpoint", {}), load_universal=load_universal)
-    return ds
+    ds_json["zero_allow_untested_optimizer"] = True
+    ds_json["steps_per_print"] = 2**31 - 1  # our own logging reports progress
+    ds_json["checkpoint"] = dict(ds_json.get("checkpoint", {}), load_universal=load_universal)
+    return ds_json
 
 
-def _cpu_adam_like(optimizer: torch.optim.Optimizer, scheduler) -> torch.optim.Optimizer:
-    """ZeRO-Offload steps the optimizer on the CPU copies of the fp32 partitions, so our AdamW becomes DeepSpeed's
-    ``DeepSpeedCPUAdam`` (what DeepSpeed expects there; torch AdamW on CPU would be 5-7x slower, and the GPU
-    FusedAdam cannot step CPU tensors) with the same groups (weight decay off for biases and norms), lr, betas, eps
-    and decoupled weight decay, and the same non-finite guard.
+def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str, ds_config: dict) -> torch.optim.Optimizer:
+    """The optimizer the run steps, with the non-finite guard and our parameter groups (no weight decay for biases
+    and norms):
 
-    The schedule was built on the optimizer we replace: it is pointed at the new one, so the engine's
-    ``scheduler.step()`` and the trainer's ``scheduler.sync_lr()`` after a resume set the lr that is stepped with.
-    Same update rule as torch AdamW; the fp32 arithmetic differs in the last bits (tests/test_zero_offload.py).
+    - ``adamw`` under ZeRO-Offload (``offload_optimizer``): DeepSpeed's ``DeepSpeedCPUAdam`` (AVX kernel; what
+      DeepSpeed expects there: torch AdamW on CPU would be 5-7x slower, and FusedAdam cannot step CPU tensors).
+      Same update rule as torch AdamW; the fp32 arithmetic differs in the last bits (tests/test_zero_offload.py).
+      Compiles ``cpu_adam`` on first use (~75 s on 2 cores, then cached in TORCH_EXTENSIONS_DIR);
+    - ``adamw`` on a GPU: DeepSpeed's FusedAdam (multi-tensor CUDA kernel; on CPU it would compile for ~75 s);
+    - otherwise (``adamw`` on CPU, ``lamb`` anywhere): ``trainer.optim.build.build_optimizer``.
     """
-    from trainer.optim import NonFiniteGuard
-    cpu_adam = cpu_adam_class()
-    if isinstance(optimizer, cpu_adam):
-        return optimizer
-    adamw = isinstance(optimizer, torch.optim.AdamW) or getattr(optimizer, "adam_w_mode", False)  # torch / FusedAdam
-    if not adamw or any(g.get("amsgrad") or g.get("maximize") for g in optimizer.param_groups):
-        raise TypeError(f"ZeRO offload_optimizer: cannot step {type(optimizer).__name__} as DeepSpeedCPUAdam "
-                        "(only decoupled-weight-decay Adam without amsgrad/maximize)")
-    keys = ("params", "lr", "initial_lr", "betas", "eps", "weight_decay", "bias_correction")
-    groups = [{k: g[k] for k in keys if k in g} for g in optimizer.param_groups]
-    d = optimizer.defaults
-    cls = type("GuardedCPUAdam", (NonFiniteGuard, cpu_adam), {})
-    new = cls(groups, lr=d["lr"], betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"],
-              bias_correction=True, adamw_mode=True)
-    if scheduler is not None:
-        scheduler.optimizer = new
-        # torch's LRScheduler wrapped the replaced optimizer's step() to warn when the schedule steps first; the new
-        # one is unwrapped, so its first scheduler.step() would warn "optimizer.step() has been overridden". DeepSpeed
-        # steps the optimizer before the schedule, so that warning would be noise in every offload run.
-        warnings.filterwarnings("ignore", message=r"Seems like `optimizer\.step\(\)` has been overridden",
-                                category=UserWarning)
-    return new
+    if cfg.name == "adamw" and offloads_optimizer(ds_config):
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        cls = type("GuardedCPUAdam", (NonFiniteGuard, DeepSpeedCPUAdam), {})
+        return cls(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                   weight_decay=cfg.weight_decay, bias_correction=True, adamw_mode=True)
+    if cfg.name == "adamw" and device.startswith("cuda"):
+        from deepspeed.ops.adam import FusedAdam
+
+        cls = type("GuardedFusedAdam", (NonFiniteGuard, FusedAdam), {})
+        return cls(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                   weight_decay=cfg.weight_decay, adam_w_mode=True)
+    return build_torch_optimizer(cfg, model)
 
 
 class Engine:
     """A DeepSpeed engine as the loop sees it."""
 
-    def __init__(self, model: torch.nn.Module, optimizer, scheduler, ds_config: dict, lamb: bool = False):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, ds_config: dict):
+        """``optimizer`` from ``build_optimizer`` and ``ds_config`` from ``build_ds_config`` (the same dict)."""
         self.ds_config = ds_config
-        from trainer.optim import offloads_optimizer
-        if offloads_optimizer(ds_config):
-            if lamb:
-                raise ValueError("Lamb with ZeRO offload_optimizer is not supported (trainer.optim.offload_problem)")
-            optimizer = _cpu_adam_like(optimizer, scheduler)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
-        if lamb and self.zero_stage > 0:
+        if isinstance(optimizer, Lamb) and self.zero_stage > 0:
             # A ZeRO-partitioned LAMB needs the partition layout to compute per-parameter trust ratios.
-            from trainer.optim import zero_lamb
             zero_lamb.bind_zero_layout(self.engine)
 
     @property
@@ -197,16 +174,9 @@ class Engine:
     def step(self) -> None:
         self.engine.step()
 
-    def is_boundary(self) -> bool:
-        return self.engine.is_gradient_accumulation_boundary()
-
     def step_applied(self) -> bool:
         """False when the last optimizer step was skipped (non-finite gradients or fp16 overflow)."""
         return self.engine.was_step_applied()
-
-    @property
-    def skipped_steps(self) -> int:
-        return self.engine.skipped_steps
 
     def lr(self) -> float:
         return self.engine.get_lr()[0]

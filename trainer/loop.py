@@ -4,33 +4,27 @@ Per optimizer step every rank runs ``gradient_accumulation_steps`` micro-batches
 vector carries the loss and metric sums, the token count, the non-finite count and the preemption flag, so logging,
 the NaN guard and the "save now" decision cost no extra collective and every rank agrees on them.
 
-Exit statuses of a run (``trainer/pretrain.py`` returns them): see ``EXIT_*`` below.
+Exit statuses of a run (``trainer/pretrain.py`` returns them): ``trainer/run_status.py``.
 """
 from __future__ import annotations
 
-import json
 import math
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
 from trainer import checkpoint
+from trainer.config import RunConfig, checkpoint_dir
 from trainer.metrics import MetricsLogger
+from trainer.run_status import EXIT_OK, EXIT_REQUEUE, write_status
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_CONFIG = 2
-"""The config is invalid (nothing was launched)."""
-EXIT_NONFINITE = 3
-"""Stopped after train.max_nonfinite_in_a_row consecutive NaN/Inf steps (the last good checkpoint is intact)."""
-EXIT_REQUEUE = 75
-"""Preempted (SIGTERM/SIGUSR1): a checkpoint was saved; run the same command again with --resume auto.
-75 is EX_TEMPFAIL from sysexits.h ("temporary failure; the user is invited to retry")."""
+if TYPE_CHECKING:  # the engine imports deepspeed; objectives build Components without it
+    from trainer.engine import Engine
 
 
 @dataclass
@@ -43,9 +37,8 @@ class Components:
     """consumed_samples -> this rank's micro-batches from that global position on (DESIGN.md "Samples")."""
     eval_batches: Callable[[], Iterable[dict]] | None = None
     """This rank's held-out micro-batches (the same ones at every evaluation)."""
-    seq_len: int = 128
-    num_layers: int = 0
-    hidden: int = 0
+    flops_per_token: float = 0.0
+    """Training FLOPs per token of ``model`` (``trainer.metrics.model_flops_per_token``), for MFU; 0 = not logged."""
 
 
 @dataclass
@@ -82,8 +75,8 @@ def _to_device(batch: dict, device) -> dict:
 
 @dataclass
 class Trainer:
-    cfg: object
-    engine: object
+    cfg: RunConfig
+    engine: Engine
     comps: Components
     state: checkpoint.TrainState
     rank: int
@@ -91,8 +84,8 @@ class Trainer:
     grad_accum: int
     metrics: MetricsLogger
     preempt: PreemptionFlag
-    flops_per_token: float = 0.0
     peak_flops: float = 0.0
+    """Per-rank peak FLOP/s, the denominator of MFU (0 = not logged)."""
     recent_losses: list = field(default_factory=list)
 
     # --- one step -----------------------------------------------------------------------------------------------
@@ -163,7 +156,7 @@ class Trainer:
     # --- the run ------------------------------------------------------------------------------------------------
 
     def save(self) -> Path:
-        return checkpoint.save(self.engine, checkpoint_root(self.cfg), self.state, self.cfg.model_dump(mode="json"),
+        return checkpoint.save(self.engine, checkpoint_dir(self.cfg), self.state, self.cfg.model_dump(mode="json"),
                                self.rank, self.world_size, self.cfg.checkpoint.keep_last)
 
     def _nonfinite(self, result: StepResult, in_a_row: int) -> None:
@@ -208,7 +201,7 @@ class Trainer:
                 self.save()
                 self.metrics.message(f"preempted at step {state.step}: checkpoint saved; exiting with status "
                                      f"{EXIT_REQUEUE} (requeue and run again with --resume auto)")
-                write_status(cfg, self.rank, "preempted", state.step)
+                write_status(cfg.run_dir, self.rank, "preempted", state.step)
                 return EXIT_REQUEUE
             if cfg.checkpoint.every_steps and state.step % cfg.checkpoint.every_steps == 0:
                 self.save()
@@ -217,11 +210,11 @@ class Trainer:
                 if last_saved != state.step:
                     self.save()
                 self.metrics.message(f"stopped at step {state.step} (train.stop_at_step); continue with --resume auto")
-                write_status(cfg, self.rank, "stopped", state.step)
+                write_status(cfg.run_dir, self.rank, "stopped", state.step)
                 return EXIT_OK
         if cfg.checkpoint.save_at_end and last_saved != state.step:
             self.save()
-        write_status(cfg, self.rank, "completed", state.step)
+        write_status(cfg.run_dir, self.rank, "completed", state.step)
         return EXIT_OK
 
     def _log(self, result: StepResult, lr: float, tokens: int, seconds: float, steps: int) -> None:
@@ -230,23 +223,8 @@ class Trainer:
                   "samples_per_s": steps * self.cfg.train.global_batch_size / seconds,
                   "grad_norm": self.engine.grad_norm(), "loss_scale": self.engine.loss_scale(),
                   "consumed_samples": self.state.consumed_samples, "skipped": self.state.skipped_steps}
-        if self.flops_per_token and self.peak_flops:
-            record["mfu"] = self.flops_per_token * tokens / seconds / (self.peak_flops * self.world_size)
+        if self.comps.flops_per_token and self.peak_flops:
+            record["mfu"] = self.comps.flops_per_token * tokens / seconds / (self.peak_flops * self.world_size)
         record.update(result.metrics)
         self.metrics.log(self.state.step, record)
 
-
-def checkpoint_root(cfg) -> Path:
-    from trainer.config import checkpoint_dir
-    return checkpoint_dir(cfg)
-
-
-def write_status(cfg, rank: int, status: str, step: int, message: str = "") -> None:
-    """RUN_DIR/status.json: what the last run of this folder did (for job scripts whose launcher masks exit codes)."""
-    if rank != 0:
-        return
-    path = Path(cfg.run_dir) / "status.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"status": status, "step": step, "message": message, "time": time.time()}))
-    tmp.replace(path)

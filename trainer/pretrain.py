@@ -9,7 +9,11 @@ Launch it any of these ways (same result)::
 
 Options: ``--set KEY=VALUE`` (any config key, repeatable, typed by the schema), ``--resume auto|none|PATH``
 (default auto: the newest complete checkpoint of the run, if any), ``--check`` (validate and print the resolved
-config; imports neither deepspeed nor the model).
+config; imports only pydantic, YAML and the standard library: no torch, deepspeed or model code).
+
+Every model of the family goes through this one entry point: the recipe's ``objective.name`` picks the objective in
+the registry (``trainer/objectives``), which builds the model and, for ERNIE, its own batches. Another package adds an
+objective by registering it (``trainer.objectives.register``) and then calling ``main(argv)``.
 
 Exit status: 0 done; 1 error; 2 invalid config (before anything was launched); 3 stopped by the NaN/Inf guard;
 75 preempted by SIGTERM/SIGUSR1 after saving a checkpoint: requeue and run the same command (``--resume auto``).
@@ -22,15 +26,17 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 if __package__ in (None, ""):  # run as a script (torchrun trainer/pretrain.py): make `import trainer` work
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.config import ConfigError, checkpoint_dir, load_config, precision, validate_batch  # noqa: E402
+from trainer.config import ConfigError, RunConfig, checkpoint_dir, load_config, validate_batch  # noqa: E402
 from trainer.log import print0  # noqa: E402
-from trainer.loop import (EXIT_CONFIG, EXIT_ERROR, EXIT_NONFINITE, Components, NonFiniteLossError,  # noqa: E402
-                          PreemptionFlag, Trainer, write_status)
+from trainer.run_status import EXIT_CONFIG, EXIT_ERROR, EXIT_NONFINITE, write_status  # noqa: E402
+
+if TYPE_CHECKING:  # imports torch: loaded in run(), after validation
+    from trainer.loop import Components
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,15 +60,18 @@ def launcher_world_size() -> int:
     return 1
 
 
-def build_components(cfg, rank: int, world_size: int, device: str) -> Components:
-    """The real model, objective and data loader for ``cfg`` (trainer/models, trainer/objectives, trainer/data)."""
+def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) -> Components:
+    """The model, objective and data loader of ``cfg`` (``trainer.loop.Components``): the objective's own
+    ``build_components`` if it has one (ERNIE, DESIGN.md "Objectives"), else its model on ``trainer/data``'s samples."""
     from data_prep.manifest import read_manifest, tokenizer_dir
     from data_prep.tokenizer import load_tokenizer
     from trainer.data.loader import build_pretraining_loader
+    from trainer.loop import Components
+    from trainer.metrics import model_flops_per_token
     from trainer.objectives import get_objective
 
     objective = get_objective(cfg.objective)
-    if hasattr(objective, "build_components"):  # objectives with their own samples (ERNIE), DESIGN.md "Objectives"
+    if hasattr(objective, "build_components"):
         return objective.build_components(cfg, rank, world_size, device)
     manifest = read_manifest(cfg.data.corpora[0].prefix)
     tokenizer = load_tokenizer(tokenizer_dir(cfg.data.corpora[0].prefix))
@@ -85,28 +94,30 @@ def build_components(cfg, rank: int, world_size: int, device: str) -> Components
                                              rank, world_size, total_samples=per_eval, split="valid")
         return loader
 
+    flops = model_flops_per_token(model, cfg.data.max_seq_length, cfg.model.num_layers, cfg.model.hidden_size)
     return Components(model=model, loss=objective.loss, train_batches=train_batches,
-                      eval_batches=eval_batches if cfg.data.valid_corpora else None,
-                      seq_len=cfg.data.max_seq_length, num_layers=cfg.model.num_layers, hidden=cfg.model.hidden_size)
+                      eval_batches=eval_batches if cfg.data.valid_corpora else None, flops_per_token=flops)
 
 
-def run(args, cfg, components_factory: Callable) -> int:
-    """Everything after validation: process group, engine, resume, train."""
+def run(args, cfg: RunConfig) -> int:
+    """Everything after validation: process group, engine, resume, train. The modules that import torch and
+    deepspeed are imported here, after validation, so ``--check`` and a bad config never load them."""
     import torch
 
-    from trainer import checkpoint, engine as ds
-    from trainer.metrics import MetricsLogger, measure_peak_flops, model_flops_per_token
-    from trainer.optim import build_optimizer
+    from trainer import checkpoint, engine
+    from trainer.ds_json import precision, read_ds_json, zero_stage
+    from trainer.loop import NonFiniteLossError, PreemptionFlag, Trainer
+    from trainer.metrics import MetricsLogger, measure_peak_flops
     from trainer.optim.schedules import build_scheduler
 
     preempt = PreemptionFlag()  # before the slow start-up, so an early SIGTERM is not lost
-    rank, world_size = ds.init_distributed(cfg.deepspeed.timeout_minutes)
+    rank, world_size = engine.init_distributed(cfg.deepspeed.timeout_minutes)
     grad_accum = validate_batch(cfg, world_size)
-    device = ds.device_name()
+    device = engine.device_name()
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     root = checkpoint_dir(cfg)
     resume_dir = checkpoint.resolve_resume(root, args.resume)
-    stage = ds.build_ds_config(cfg, world_size, grad_accum)["zero_optimization"].get("stage", 0)
+    stage = zero_stage(cfg, read_ds_json(cfg))
     universal = resume_dir is not None and checkpoint.needs_universal(resume_dir, world_size, stage)
     if universal:
         saved = checkpoint.read_state(resume_dir)
@@ -116,23 +127,23 @@ def run(args, cfg, components_factory: Callable) -> int:
         load_root, load_tag = uni.parent, uni.name
     elif resume_dir is not None:
         load_root, load_tag = resume_dir.parent, resume_dir.name
+    ds_config = engine.build_ds_config(cfg, world_size, grad_accum, load_universal=universal)
 
     checkpoint.seed_everything(cfg.seed)  # identical initial weights on every rank
-    comps = components_factory(cfg, rank, world_size, device)
+    comps = build_components(cfg, rank, world_size, device)
     if resume_dir is None and cfg.checkpoint.init_from:
         weights, _ = checkpoint.load_model_state(cfg.checkpoint.init_from)
         missing, unexpected = comps.model.load_state_dict(weights, strict=False)
         print0(f"initialised from {cfg.checkpoint.init_from} (missing {list(missing)}, unexpected "
                f"{list(unexpected)})")
     checkpoint.seed_everything(cfg.seed + 1 + rank)  # each rank its own dropout stream
-    optimizer = build_optimizer(cfg.optim, comps.model, device)
+    optimizer = engine.build_optimizer(cfg.optim, comps.model, device, ds_config)
     scheduler = build_scheduler(cfg.schedule, optimizer, cfg.train.steps)
-    ds_config = ds.build_ds_config(cfg, world_size, grad_accum, load_universal=universal)
-    engine = ds.Engine(comps.model, optimizer, scheduler, ds_config, lamb=cfg.optim.name == "lamb")
+    ds_engine = engine.Engine(comps.model, optimizer, scheduler, ds_config)
 
     state = checkpoint.TrainState()
     if resume_dir is not None:
-        engine.load(load_root, load_tag)
+        ds_engine.load(load_root, load_tag)
         scheduler.sync_lr()
         saved = checkpoint.read_state(resume_dir)
         state = checkpoint.TrainState(step=saved["step"], consumed_samples=saved["consumed_samples"],
@@ -141,37 +152,33 @@ def run(args, cfg, components_factory: Callable) -> int:
         print0(f"resumed from {resume_dir} at step {state.step} ({state.consumed_samples} samples consumed)")
 
     peak = (cfg.logging.peak_tflops * 1e12 if cfg.logging.peak_tflops else
-            measure_peak_flops(device, torch.bfloat16 if precision(cfg) == "bf16" and device != "cpu"
+            measure_peak_flops(device, torch.bfloat16 if precision(cfg, ds_config) == "bf16" and device != "cpu"
                                else torch.float32))
-    flops = model_flops_per_token(comps.model, comps.seq_len, comps.num_layers, comps.hidden)
     metrics = MetricsLogger(cfg.run_dir, cfg.logging, rank, cfg.train.steps, state.step)
     if rank == 0:
         (Path(cfg.run_dir) / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))
-    print0(f"world size {world_size}, ZeRO stage {engine.zero_stage}, micro batch {cfg.train.micro_batch_size} x "
+    print0(f"world size {world_size}, ZeRO stage {ds_engine.zero_stage}, micro batch {cfg.train.micro_batch_size} x "
            f"accumulation {grad_accum} x {world_size} ranks = {cfg.train.global_batch_size} sequences per step")
-    write_status(cfg, rank, "running", state.step)
-    trainer = Trainer(cfg=cfg, engine=engine, comps=comps, state=state, rank=rank, world_size=world_size,
-                      grad_accum=grad_accum, metrics=metrics, preempt=preempt, flops_per_token=flops,
-                      peak_flops=peak)
+    write_status(cfg.run_dir, rank, "running", state.step)
+    trainer = Trainer(cfg=cfg, engine=ds_engine, comps=comps, state=state, rank=rank, world_size=world_size,
+                      grad_accum=grad_accum, metrics=metrics, preempt=preempt, peak_flops=peak)
     try:
         status = trainer.train()
     except NonFiniteLossError as err:
         metrics.message(str(err))
-        write_status(cfg, rank, "nonfinite", state.step, str(err))
+        write_status(cfg.run_dir, rank, "nonfinite", state.step, str(err))
         status = EXIT_NONFINITE
     finally:
         metrics.close()
-    ds.shutdown()  # every rank reaches this (the stop decisions above were all-reduced)
+    engine.shutdown()  # every rank reaches this (the stop decisions above were all-reduced)
     return status
 
 
-def main(argv=None, components_factory: Callable | None = None, section_models: dict | None = None) -> int:
-    """``components_factory(cfg, rank, world, device) -> Components`` and ``section_models`` let tests stand in
-    for the model/objective/data packages; by default the real ones are used."""
+def main(argv=None) -> int:
     args = parse_args(argv)
     world_size = launcher_world_size()
     try:
-        cfg = load_config(args.config, args.set, world_size=world_size, section_models=section_models)
+        cfg = load_config(args.config, args.set, world_size=world_size)
     except ConfigError as err:
         print0(f"error: {err}", file=sys.stderr)
         return EXIT_CONFIG
@@ -179,12 +186,12 @@ def main(argv=None, components_factory: Callable | None = None, section_models: 
         print0(json.dumps(cfg.model_dump(mode="json"), indent=1))
         return 0
     try:
-        return run(args, cfg, components_factory or build_components)
+        return run(args, cfg)
     except Exception:  # noqa: BLE001  (any rank's failure: say which rank, then exit non-zero so launchers stop)
         rank = os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
         print(f"rank {rank}: training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         try:
-            write_status(cfg, int(rank), "failed", -1, traceback.format_exc(limit=1))
+            write_status(cfg.run_dir, int(rank), "failed", -1, traceback.format_exc(limit=1))
         except OSError:
             pass
         return EXIT_ERROR

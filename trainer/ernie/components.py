@@ -1,52 +1,22 @@
 """The model, objective and data of an ERNIE run, in the shape ``trainer.pretrain`` takes (``Components``).
 
-``trainer.pretrain.main(argv, components_factory=ernie_components, section_models=SECTION_MODELS)`` trains ERNIE
-1.0 or 2.0 with the common trainer (engine, checkpoints, resume, logging); ``python -m trainer.ernie.pretrain`` does
-exactly that. With the objectives registry's entries ``ernie`` / ``ernie2``, ``trainer/pretrain.py`` gets the same
-through the objectives' ``build_components`` method. Batches come from ``trainer/ernie/data.py`` through
-``trainer.data``'s batch sampler and DataLoader.
+``trainer/pretrain.py`` trains ERNIE 1.0 and 2.0 like every other model: the registry routes ``ernie`` / ``ernie2`` to
+``trainer/objectives/ernie*.py``, whose ``build_components`` calls ``ernie_components`` here. Batches come from
+``trainer/ernie/data.py`` through ``trainer.data``'s batch sampler and DataLoader.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-OBJECTIVES = {"ernie": "trainer.objectives.ernie:ErnieObjective", "ernie2": "trainer.objectives.ernie2:Ernie2Objective"}
-
-
-def objective_class(name: str):
-    import importlib
-
-    module, _, attr = OBJECTIVES[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-class ErnieObjectiveSection(BaseModel):
-    """The ``objective`` section (``{name, options}``, the shape of ``trainer.objectives.ObjectiveConfig``) for
-    runs launched through ``python -m trainer.ernie.pretrain``; options are validated by the objective's Options."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: Literal["ernie", "ernie2"]
-    options: dict[str, Any] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _valid_options(self):
-        try:
-            objective_class(self.name).Options.model_validate(self.options)
-        except ValidationError as err:
-            first = err.errors()[0]
-            key = ".".join(str(p) for p in first["loc"])
-            raise ValueError(f"objective.options.{key}: {first['msg']}") from None
-        return self
-
-
-SECTION_MODELS = {"objective": ErnieObjectiveSection}
-
-
-def build_objective(obj_cfg):
-    return objective_class(obj_cfg.name)(obj_cfg.options)
+from data_prep.annotate import make_annotator
+from data_prep.manifest import tokenizer_dir
+from data_prep.tokenizer import load_tokenizer
+from trainer.data.loader import build_dataloader
+from trainer.ernie.continual import ContinualPlan, EvalPlan
+from trainer.ernie.data import ErnieCollator, KnowledgeMaskedDataset, MultiTaskDataset
+from trainer.ernie.dlm import DialogueFile
+from trainer.ernie.tasks import PairTaskFile
+from trainer.log import print0
+from trainer.loop import Components
+from trainer.metrics import model_flops_per_token
 
 
 def build_dataset(cfg, tokenizer, objective, split: str = "train", global_batch: int | None = None):
@@ -55,10 +25,6 @@ def build_dataset(cfg, tokenizer, objective, split: str = "train", global_batch:
     ``split="valid"`` reads ``data.valid_corpora``: rows masked at the last knowledge-masking stage's level; ERNIE 2.0
     batches follow ``EvalPlan`` (every task in turn), ERNIE 1.0's DLM batches come from ``dlm.valid_path`` (none
     without it). ``global_batch`` is the positions per step (evaluation: micro batch x ranks, one step per batch)."""
-    from trainer.ernie.continual import ContinualPlan, EvalPlan
-    from trainer.ernie.data import KnowledgeMaskedDataset, MultiTaskDataset
-    from trainer.ernie.tasks import PairTaskFile
-
     opt = objective.options
     G = global_batch or cfg.train.global_batch_size
     if objective.name == "ernie2":
@@ -74,26 +40,16 @@ def build_dataset(cfg, tokenizer, objective, split: str = "train", global_batch:
     dialogues, dlm = None, opt.dlm
     path = None if dlm is None else dlm.path if split == "train" else dlm.valid_path
     if path is not None:
-        from data_prep.annotate import make_annotator
-        from trainer.ernie.dlm import DialogueFile
-
         annotator = make_annotator(dlm.annotate) if dlm.annotate else None
         dialogues = DialogueFile(path, tokenizer, annotator, tokenizer.path if annotator else None)
-    ds = KnowledgeMaskedDataset(cfg.data, tokenizer, cfg.seed, split, opt.knowledge_masking, G, dialogues,
+    dataset = KnowledgeMaskedDataset(cfg.data, tokenizer, cfg.seed, split, opt.knowledge_masking, G, dialogues,
                                 dlm.every if dialogues else 0, dlm.num_turns if dlm else 3,
                                 dlm.fake_prob if dlm else 0.5)
-    return ds, None
+    return dataset, None
 
 
-def ernie_components(cfg, rank: int, world_size: int, device: str, objective=None):
-    from data_prep.manifest import tokenizer_dir
-    from data_prep.tokenizer import load_tokenizer
-    from trainer.data.loader import build_dataloader
-    from trainer.ernie.data import ErnieCollator
-    from trainer.log import print0
-    from trainer.loop import Components
-
-    objective = objective or build_objective(cfg.objective)
+def ernie_components(cfg, rank: int, world_size: int, device: str, objective) -> Components:
+    """``objective``: the run's ``ErnieObjective`` or ``Ernie2Objective`` (``trainer.objectives.get_objective``)."""
     model = objective.build_model(cfg.model)
     tokenizer = load_tokenizer(tokenizer_dir(cfg.data.corpora[0].prefix))
     dataset, plan = build_dataset(cfg, tokenizer, objective, "train")
@@ -120,5 +76,6 @@ def ernie_components(cfg, rank: int, world_size: int, device: str, objective=Non
         def eval_batches():
             return build_dataloader(valid, collate, 0, per_eval, micro, rank, world_size, per_eval, 0)
 
+    flops = model_flops_per_token(model, cfg.data.max_seq_length, cfg.model.num_layers, cfg.model.hidden_size)
     return Components(model=model, loss=objective.loss, train_batches=train_batches, eval_batches=eval_batches,
-                      seq_len=cfg.data.max_seq_length, num_layers=cfg.model.num_layers, hidden=cfg.model.hidden_size)
+                      flops_per_token=flops)

@@ -17,54 +17,9 @@ The plan is an array of task bitmasks, one int64 per step (8 MB for a million st
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Mode = Literal["continual", "all-at-once", "sequential"]
-
-
-class TaskSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    """A registered ERNIE task (trainer/ernie/tasks.TASKS), e.g. mlm, capitalization, sentence_reorder."""
-    iterations: int = Field(gt=0)
-    """N: the steps this task trains in, over the whole run."""
-    level: Literal["token", "sentence"]
-    """token: labels on the tokens of any batch (can share a step); sentence: decides the batch's format."""
-    stage: int | None = Field(default=None, ge=0)
-    """Stage that introduces the task (continual mode; default: its position in the list)."""
-    loss_weight: float = Field(default=1.0, gt=0)
-
-
-class ContinualConfig(BaseModel):
-    """The ERNIE 2.0 multi-task schedule (``objective.continual`` in a recipe)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    mode: Mode = "continual"
-    tasks: list[TaskSpec] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _check(self):
-        names = [t.name for t in self.tasks]
-        if len(set(names)) != len(names):
-            raise ValueError(f"continual.tasks: a task is listed twice in {names}")
-        if self.mode == "continual":
-            stages = [self._stage(i) for i in range(len(self.tasks))]
-            if sorted(set(stages)) != list(range(max(stages) + 1)):
-                raise ValueError(f"continual.tasks[*].stage: stages {sorted(set(stages))} leave a gap; "
-                                 "number them 0, 1, 2, ... without holes")
-        elif any(t.stage is not None for t in self.tasks):
-            raise ValueError(f"continual.tasks[*].stage is only meaningful with mode: continual, not {self.mode}")
-        return self
-
-    def _stage(self, i: int) -> int:
-        stage = self.tasks[i].stage
-        return i if stage is None else stage
-
+from trainer.ernie.config import ContinualConfig, Mode, TaskSpec  # noqa: F401  (re-exported)
 
 def _spread(counts: list[int], length: int) -> np.ndarray:
     """Evenly interleave tasks with ``counts`` iterations into ``length`` slots -> task index per slot (-1 = idle).

@@ -20,52 +20,13 @@ alone; knowledge units come from side-car spans, which need their own merge step
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trainer.ernie.config import KnowledgeMaskingConfig, KnowledgeStage  # noqa: F401  (re-exported)
 
 LEVELS = ("basic", "phrase", "entity")
 # Side-car kinds merged into units at each level (data_prep.annotate: 0 = entity, 1 = phrase).
 LEVEL_KINDS = {"basic": (), "phrase": (1,), "entity": (0, 1)}
-
-
-class KnowledgeStage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    level: Literal["basic", "phrase", "entity"]
-    start_step: int = Field(ge=0)
-    """First optimizer step at which this level is used (the first stage must start at 0)."""
-
-
-class KnowledgeMaskingConfig(BaseModel):
-    """ERNIE 1.0 masking; rates as BERT's. ``stages`` are in step order and the first starts at step 0."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    stages: list[KnowledgeStage] = Field(default_factory=lambda: [KnowledgeStage(level="basic", start_step=0)])
-    rate: float = Field(0.15, gt=0.0, lt=1.0)
-    """Fraction of candidate (non-special, non-pad) tokens selected for prediction."""
-    mask_prob: float = Field(0.8, ge=0.0, le=1.0)
-    random_prob: float = Field(0.1, ge=0.0, le=1.0)
-    max_predictions_per_seq: int = Field(20, ge=1)
-    """Cap per row, and the width P of ``mlm_positions``."""
-
-    @model_validator(mode="after")
-    def _ordered(self):
-        if not self.stages or self.stages[0].start_step != 0:
-            raise ValueError("knowledge masking: stages[0].start_step must be 0 (every step needs a level)")
-        starts = [s.start_step for s in self.stages]
-        if starts != sorted(starts) or len(set(starts)) != len(starts):
-            raise ValueError(f"knowledge masking: stages' start_step must increase strictly, got {starts}")
-        if self.mask_prob + self.random_prob > 1 + 1e-9:
-            raise ValueError(f"knowledge masking: mask_prob + random_prob = {self.mask_prob + self.random_prob} > 1")
-        return self
-
-    def level_at(self, step: int) -> str:
-        """The masking level in force at optimizer step ``step``."""
-        starts = np.array([s.start_step for s in self.stages])
-        return self.stages[int(np.searchsorted(starts, step, side="right")) - 1].level
 
 
 def unit_ids(word_start: np.ndarray, candidate: np.ndarray, spans: np.ndarray, level: str) -> np.ndarray:

@@ -16,9 +16,9 @@ from typing import Sequence
 
 import numpy as np
 
+from trainer.ernie.config import TASKS
+
 # Task embedding ids (the ``task`` extra embedding). Order is part of checkpoints: append, never reorder.
-TASKS = ("mlm", "capitalization", "token_document", "sentence_reorder", "sentence_distance", "discourse",
-         "ir_relevance", "dlm")
 TASK_ID = {name: i for i, name in enumerate(TASKS)}
 IGNORE = -100
 

@@ -1,8 +1,10 @@
-"""ModelConfig: every variant of the encoder (BERT, RoBERTa, ALBERT, ELECTRA, ERNIE) is a value of this one type.
+"""ModelConfig: every variant of the encoder (BERT, RoBERTa, ALBERT, ELECTRA, ERNIE) is a value of this one type;
+``HeadSpec``: the heads an objective asks for, as data; ``generator_config``: ELECTRA's generator for a discriminator.
 
 A preset (``presets.py``) is a row of these; the trainer's ``model`` section validates into one; the Hugging Face
 export reads ``family`` to pick the target architecture. Nothing here imports torch, so config validation stays cheap.
 """
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -61,7 +63,7 @@ class ModelConfig(BaseModel):
     """Std of the truncated-free normal init of Linear and Embedding weights (all five papers use 0.02)."""
     generator_fraction: float | None = Field(default=None, gt=0.0, le=1.0)
     """ELECTRA only: generator hidden size as a fraction of this (discriminator) model's (paper: small 1/4,
-    base 1/3, large 1/4). The ELECTRA objective may override it; see electra.generator_config."""
+    base 1/3, large 1/4). The ELECTRA objective may override it; see generator_config below."""
     activation_checkpointing: bool = False
     """Recompute each layer in backward (torch.utils.checkpoint): saves activation memory for ~30% more compute."""
     unpad: bool = False
@@ -99,3 +101,45 @@ class ModelConfig(BaseModel):
     def replace(self, **overrides) -> "ModelConfig":
         """A validated copy with some fields changed (``model_copy`` would skip validation)."""
         return ModelConfig(**{**self.model_dump(), **overrides})
+
+
+# --- heads, as data (built by heads.py) ----------------------------------------------------------------------------
+
+MLM, NSP, SOP, RTD = "mlm", "nsp", "sop", "rtd"
+"""Head names that Hugging Face import gives the heads it finds, so objectives using them continue from a model."""
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """One head an objective needs: 'mlm' (vocabulary logits at given positions), 'sequence' (on [CLS], with BERT's
+    pooler) or 'token' (per-token classifier)."""
+
+    kind: Literal["mlm", "sequence", "token"]
+    num_labels: int = 2
+    """Output classes for 'sequence' and 'token' (NSP/SOP: 2, ELECTRA RTD: 1 logit); ignored for 'mlm'."""
+
+
+# --- ELECTRA's generator -----------------------------------------------------------------------------------------
+
+GENERATOR_HEADS = {MLM: HeadSpec("mlm")}
+DISCRIMINATOR_HEADS = {RTD: HeadSpec("token", num_labels=1)}
+
+
+def generator_config(disc: ModelConfig, fraction: float | None = None) -> ModelConfig:
+    """The generator's ModelConfig for a discriminator: hidden and feed-forward scaled by ``fraction`` (default
+    ``disc.generator_fraction``), heads = max(1, hidden // 64), the same layers, embedding width and vocabulary."""
+    fraction = fraction if fraction is not None else disc.generator_fraction
+    if fraction is None:
+        raise ValueError("ELECTRA needs a generator size: set model.generator_fraction (paper: 0.25 small/large, "
+                         "0.333 base) or pass the fraction explicitly")
+    if fraction == 1.0:
+        return disc.replace(generator_fraction=None)
+    hidden = int(round(disc.hidden_size * fraction))
+    return disc.replace(hidden_size=hidden, num_heads=max(1, hidden // 64),
+                        intermediate_size=int(round(disc.ffn_size * fraction)), embedding_size=disc.emb_size,
+                        generator_fraction=None)
+
+
+def infer_generator_fraction(disc: ModelConfig, generator_hidden_size: int) -> float:
+    """The fraction whose generator_config has this hidden size (used when reading weights without the fraction)."""
+    return generator_hidden_size / disc.hidden_size

@@ -22,33 +22,12 @@ from typing import Literal
 import torch
 from torch import nn
 
-from trainer.models.config import ModelConfig
+from trainer.models.config import (DISCRIMINATOR_HEADS, GENERATOR_HEADS, MLM, RTD, HeadSpec,  # noqa: F401
+                                   ModelConfig, generator_config, infer_generator_fraction)
 from trainer.models.encoder import Encoder
-from trainer.models.heads import MLM, RTD, HeadSpec, PretrainingModel
+from trainer.models.heads import PretrainingModel
 
 ElectraSharing = Literal["none", "embeddings", "all"]
-GENERATOR_HEADS = {MLM: HeadSpec("mlm")}
-DISCRIMINATOR_HEADS = {RTD: HeadSpec("token", num_labels=1)}
-
-
-def generator_config(disc: ModelConfig, fraction: float | None = None) -> ModelConfig:
-    """The generator's ModelConfig for a discriminator: hidden and feed-forward scaled by ``fraction`` (default
-    ``disc.generator_fraction``), heads = max(1, hidden // 64), the same layers, embedding width and vocabulary."""
-    fraction = fraction if fraction is not None else disc.generator_fraction
-    if fraction is None:
-        raise ValueError("ELECTRA needs a generator size: set model.generator_fraction (paper: 0.25 small/large, "
-                         "0.333 base) or pass the fraction explicitly")
-    if fraction == 1.0:
-        return disc.replace(generator_fraction=None)
-    hidden = int(round(disc.hidden_size * fraction))
-    return disc.replace(hidden_size=hidden, num_heads=max(1, hidden // 64),
-                        intermediate_size=int(round(disc.ffn_size * fraction)), embedding_size=disc.emb_size,
-                        generator_fraction=None)
-
-
-def infer_generator_fraction(disc: ModelConfig, generator_hidden_size: int) -> float:
-    """The fraction whose generator_config has this hidden size (used when reading weights without the fraction)."""
-    return generator_hidden_size / disc.hidden_size
 
 
 class ElectraPretrainingModel(nn.Module):

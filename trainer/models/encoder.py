@@ -127,8 +127,6 @@ class Encoder(nn.Module):
         n_ffn = 1 if cfg.sharing in ("all", "ffn") else cfg.num_layers
         self.attention = nn.ModuleList(Attention(cfg) for _ in range(n_attention))
         self.ffn = nn.ModuleList(FeedForward(cfg) for _ in range(n_ffn))
-        # The trainer may swap in DeepSpeed's activation checkpointing (same signature as torch's, minus kwargs).
-        self.checkpoint_fn = None
         self.apply(lambda m: init_weights(m, cfg))
 
     def layer(self, i: int) -> tuple[Attention, FeedForward]:
@@ -183,8 +181,6 @@ class Encoder(nn.Module):
 
     def _run_layer(self, i, x, mask_or_packing, packed: bool):
         if self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled():
-            if self.checkpoint_fn is not None:
-                return self.checkpoint_fn(self._layer_forward, i, x, mask_or_packing, packed)
             # Recompute this layer in backward: activation memory of one layer instead of L, ~1/3 more FLOPs.
             return checkpoint(self._layer_forward, i, x, mask_or_packing, packed, use_reentrant=False)
         return self._layer_forward(i, x, mask_or_packing, packed)

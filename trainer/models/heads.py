@@ -4,26 +4,11 @@ An objective declares its heads as ``{name: HeadSpec(kind, num_labels)}``; Pretr
 ``heads.<name>``. Export to Hugging Face finds heads by kind, not by name; import names them MLM / NSP / SOP / RTD
 (the constants below), so objectives that use these names can continue from an imported model.
 """
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 from torch import nn
 
-from trainer.models.config import ModelConfig
+from trainer.models.config import MLM, NSP, RTD, SOP, HeadSpec, ModelConfig  # noqa: F401  (re-exported)
 from trainer.models.encoder import Encoder, activation_fn, init_weights
-
-MLM, NSP, SOP, RTD = "mlm", "nsp", "sop", "rtd"
-
-
-@dataclass(frozen=True)
-class HeadSpec:
-    """One head an objective needs: 'mlm' (vocabulary logits at given positions), 'sequence' (on [CLS], with BERT's
-    pooler) or 'token' (per-token classifier)."""
-
-    kind: Literal["mlm", "sequence", "token"]
-    num_labels: int = 2
-    """Output classes for 'sequence' and 'token' (NSP/SOP: 2, ELECTRA RTD: 1 logit); ignored for 'mlm'."""
 
 
 class MLMHead(nn.Module):

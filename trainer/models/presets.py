@@ -12,14 +12,12 @@ shared layers counted once):
   shared embeddings, ELECTRA holds discriminator + generator - one embedding block.
 
 ``python -m trainer.models`` prints every row with its count (built on the meta device: nothing is allocated).
+The table is data (no torch), so a recipe's ``model: {preset: ...}`` resolves during config validation.
 """
 from dataclasses import dataclass, field
 
-import torch
-
-from trainer.models.config import ModelConfig
-from trainer.models.electra import DISCRIMINATOR_HEADS, GENERATOR_HEADS, generator_config
-from trainer.models.heads import MLM, NSP, SOP, HeadSpec, PretrainingModel, count_parameters
+from trainer.models.config import (DISCRIMINATOR_HEADS, GENERATOR_HEADS, MLM, NSP, SOP, HeadSpec, ModelConfig,
+                                   generator_config)
 
 
 @dataclass(frozen=True)
@@ -114,12 +112,19 @@ def get_preset(name: str, **overrides) -> ModelConfig:
     return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
 
 
-def counted_model(name: str, device: str | torch.device = "meta") -> PretrainingModel:
-    """The preset's encoder with the heads its paper counts, built on ``device`` (meta: no memory, no init cost)."""
+def counted_model(name: str, device: str = "meta"):
+    """The preset's encoder with the heads its paper counts (a ``PretrainingModel``), built on ``device`` (meta: no
+    memory, no init cost). Imports torch when called: the table above stays importable without it."""
+    import torch
+
+    from trainer.models.heads import PretrainingModel
+
     row = PRESET_ROWS[name]
     with torch.device(device):
         return PretrainingModel(row.config, row.heads)
 
 
 def preset_parameters(name: str) -> int:
+    from trainer.models.heads import count_parameters
+
     return count_parameters(counted_model(name))

@@ -4,43 +4,87 @@
       name: mlm+sop
       options: {sentence_weight: 1.0}      # validated by the objective's own Options model
 
-Importing this package imports nothing heavy: objective modules (torch, trainer.models) load on first use, so the
-config can be validated, and a registry entry can name a module another package ships (``"module:Class"``).
+A registry line names the objective class, the pydantic model of its ``options`` and the sample formats it trains on.
+The class (torch, ``trainer.models``) is imported on first use; the options models and formats are all config
+validation needs, so validating a recipe imports neither torch nor the encoder. Another package adds its own
+objective the same way (``register("mine", options=MyOptions)(MyObjective)``, or ``"module:Class"`` strings) before
+calling ``trainer.pretrain.main``; an objective that builds its own samples has a ``build_components`` method
+(ERNIE's do), DESIGN.md "Objectives".
 """
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-REGISTRY: dict[str, Any] = {}
+
+@dataclass
+class Registered:
+    """One objective of the registry."""
+
+    objective: str | type
+    """The class, or ``"module:Class"`` (imported when first used)."""
+    options: str | type[BaseModel] | None = None
+    """The pydantic model of ``objective.options``, or ``"module:Model"`` (pydantic only); None: the class's
+    ``Options`` (a class registered as a string must name its options here)."""
+    formats: tuple[str, ...] | None = None
+    """The ``data.format`` values it trains on (None: any)."""
 
 
-def register(name: str):
-    """``register("mlm+sop")(MlmSopObjective)``, or a ``"module:Class"`` string imported when first used."""
+REGISTRY: dict[str, Registered] = {}
+
+
+def register(name: str, options: str | type[BaseModel] | None = None, formats: tuple[str, ...] | None = None):
+    """``register("mlm+sop", options=..., formats=("sop-pair",))("module:Class")``, or with a class."""
     def add(target):
-        REGISTRY[name] = target
+        REGISTRY[name] = Registered(target, options, formats)
         return target
     return add
 
 
-register("mlm")("trainer.objectives.mlm:MlmObjective")
-register("mlm+nsp")("trainer.objectives.mlm_nsp:MlmNspObjective")
-register("mlm+sop")("trainer.objectives.mlm_sop:MlmSopObjective")
-register("electra")("trainer.objectives.electra:ElectraObjective")
-register("ernie")("trainer.objectives.ernie:ErnieObjective")
-register("ernie2")("trainer.objectives.ernie2:Ernie2Objective")
+_OPTIONS = "trainer.objectives.options"
+register("mlm", options=f"{_OPTIONS}:NoOptions")("trainer.objectives.mlm:MlmObjective")
+register("mlm+nsp", options=f"{_OPTIONS}:SentenceTaskOptions", formats=("segment-pair", "sentence-pair"))(
+    "trainer.objectives.mlm_nsp:MlmNspObjective")
+register("mlm+sop", options=f"{_OPTIONS}:SentenceTaskOptions", formats=("sop-pair",))(
+    "trainer.objectives.mlm_sop:MlmSopObjective")
+register("electra", options=f"{_OPTIONS}:ElectraOptions")("trainer.objectives.electra:ElectraObjective")
+register("ernie", options="trainer.ernie.config:ErnieOptions", formats=("doc-sentences",))(
+    "trainer.objectives.ernie:ErnieObjective")
+register("ernie2", options="trainer.ernie.config:Ernie2Options", formats=("doc-sentences",))(
+    "trainer.objectives.ernie2:Ernie2Objective")
 
 
-def objective_class(name: str):
+def _load(ref: str):
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _entry(name: str) -> Registered:
     if name not in REGISTRY:
         raise ValueError(f"objective.name {name!r} is not registered; choose one of {sorted(REGISTRY)}")
-    target = REGISTRY[name]
-    if isinstance(target, str):
-        module, _, attr = target.partition(":")
-        target = REGISTRY[name] = getattr(importlib.import_module(module), attr)
-    return target
+    return REGISTRY[name]
+
+
+def objective_class(name: str) -> type:
+    """The objective class registered as ``name`` (imports its module: torch)."""
+    entry = _entry(name)
+    if isinstance(entry.objective, str):
+        entry.objective = _load(entry.objective)
+    return entry.objective
+
+
+def options_model(name: str) -> type[BaseModel]:
+    """The pydantic model of ``objective.options`` for ``name`` (pydantic only, unless the objective was registered
+    as a class without ``options=``)."""
+    entry = _entry(name)
+    if entry.options is None:
+        entry.options = objective_class(name).Options
+    elif isinstance(entry.options, str):
+        entry.options = _load(entry.options)
+    return entry.options
 
 
 class ObjectiveConfig(BaseModel):
@@ -55,36 +99,30 @@ class ObjectiveConfig(BaseModel):
 
     @model_validator(mode="after")
     def _known_and_valid(self):
-        cls = objective_class(self.name)
-        options_model = getattr(cls, "Options", None)
-        if options_model is not None:
-            try:
-                options_model.model_validate(self.options)
-            except ValidationError as err:
-                first = err.errors()[0]
-                key = ".".join(str(p) for p in first["loc"])
-                raise ValueError(f"objective.options.{key}: {first['msg']} (objective {self.name!r} accepts "
-                                 f"{sorted(options_model.model_fields)})") from None
+        model = options_model(self.name)
+        try:
+            model.model_validate(self.options)
+        except ValidationError as err:
+            first = err.errors()[0]
+            key = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"objective.options.{key}: {first['msg']} (objective {self.name!r} accepts "
+                             f"{sorted(model.model_fields)})") from None
         return self
 
 
 def get_objective(cfg: ObjectiveConfig | dict):
     """The objective instance for a config section."""
     cfg = cfg if isinstance(cfg, ObjectiveConfig) else ObjectiveConfig.model_validate(cfg)
-    cls = objective_class(cfg.name)
-    if getattr(cls, "Options", None) is not None:
-        return cls(cls.Options.model_validate(cfg.options))
-    return cls(**cfg.options)
+    return objective_class(cfg.name)(options_model(cfg.name).model_validate(cfg.options))
 
 
 def check_data_requirements(objective_cfg: ObjectiveConfig, data_cfg) -> None:
     """Raise ValueError when the data section cannot feed the objective (e.g. mlm+sop on full-sentences)."""
-    objective = get_objective(objective_cfg)
-    needs = objective.data_requirements()
-    formats = needs.get("formats")
+    formats = _entry(objective_cfg.name).formats
     if formats and data_cfg.format not in formats:
         raise ValueError(f"objective {objective_cfg.name!r} trains on data.format {' or '.join(formats)}, but "
                          f"data.format is {data_cfg.format!r}")
 
 
-__all__ = ["ObjectiveConfig", "get_objective", "check_data_requirements", "register", "REGISTRY"]
+__all__ = ["ObjectiveConfig", "Registered", "REGISTRY", "register", "objective_class", "options_model",
+           "get_objective", "check_data_requirements"]

@@ -2,12 +2,14 @@
 
 An objective (DESIGN.md "Objectives") is a class with
 
-- ``Options``: a pydantic model (``extra="forbid"``) of its own settings, filled from ``objective.options``;
+- ``Options``: a pydantic model (``extra="forbid"``) of its own settings, filled from ``objective.options``; it
+  lives in a torch-free module (``options.py``, ``trainer/ernie/config.py``) that the registry line names, with the
+  sample formats the objective trains on (checked against the ``data`` section before anything is launched);
 - ``heads(model_cfg) -> {name: HeadSpec}`` and ``build_model(model_cfg) -> nn.Module``;
-- ``data_requirements() -> {"formats": tuple | None, "labels": [...]}``, checked against the ``data`` section
-  before anything is launched;
 - ``loss(model, batch) -> (loss, {metric: 0-dim tensor})``. ``model`` may be the module itself or a DeepSpeed
-  engine wrapping it, so the module is only ever *called* (keyword arguments), never reached into.
+  engine wrapping it, so the module is only ever *called*, never reached into;
+- optionally ``build_components(cfg, rank, world_size, device) -> trainer.loop.Components``, for an objective that
+  builds its own samples (ERNIE); without it the trainer uses ``trainer/data``'s.
 
 Metrics are detached 0-dim tensors (no ``.item()``: that would be a device sync per metric per step; the trainer
 reduces and reads them when it logs).
@@ -16,13 +18,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from trainer.models import HeadSpec, ModelConfig, PretrainingModel, flat_positions
-
-
-class NoOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from trainer.objectives.options import NoOptions
 
 
 class Objective:
@@ -30,9 +29,6 @@ class Objective:
 
     name = "base"
     Options: type[BaseModel] = NoOptions
-    formats: tuple[str, ...] | None = None
-    """sample formats this objective can train on (None: any)"""
-    labels: tuple[str, ...] = ("mlm_positions", "mlm_labels")
 
     def __init__(self, options: BaseModel | dict | None = None):
         self.options = options if isinstance(options, BaseModel) else self.Options.model_validate(options or {})
@@ -42,9 +38,6 @@ class Objective:
 
     def build_model(self, model_cfg: ModelConfig) -> torch.nn.Module:
         return PretrainingModel(model_cfg, self.heads(model_cfg))
-
-    def data_requirements(self) -> dict:
-        return {"formats": self.formats, "labels": list(self.labels)}
 
     def loss(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError

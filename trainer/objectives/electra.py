@@ -19,31 +19,14 @@ unchanged, whose discriminator is what export_hf writes.
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 
 from trainer.models import MLM, RTD, ElectraPretrainingModel, HeadSpec, ModelConfig
 from trainer.models.heads import build_head
 
 from .base import Objective, binary_metrics, masked_positions, mlm_loss, packing
-
-
-class ElectraOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    rtd_weight: float = Field(50.0, ge=0.0)
-    """λ: weight of the discriminator loss (paper: 50)"""
-    generator_fraction: float | None = Field(None, gt=0.0, le=1.0)
-    """generator hidden size / discriminator's; None = model.generator_fraction (paper: 1/4 small and large, 1/3
-    base)"""
-    sharing: Literal["none", "embeddings", "all"] = "embeddings"
-    """weights tied between generator and discriminator (paper: embeddings; all needs fraction 1)"""
-    variant: Literal["electra", "electra-15", "replace-mlm", "all-tokens-mlm"] = "electra"
-    temperature: float = Field(1.0, gt=0.0)
-    """sampling temperature of the generator's softmax (paper: 1)"""
+from .options import ElectraOptions
 
 
 class ElectraAblationModel(ElectraPretrainingModel):

@@ -12,66 +12,31 @@ from __future__ import annotations
 
 import torch
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 from trainer.ernie import tasks as T
-from trainer.ernie.continual import ContinualConfig
-from trainer.ernie.knowledge_masking import KnowledgeMaskingConfig
-from trainer.models import MLM, HeadSpec, ModelConfig, PretrainingModel, flat_positions
-from trainer.objectives.ernie import PairTaskConfig, classification_loss, mlm_loss
+from trainer.ernie.config import Ernie2Options
+from trainer.models import MLM, HeadSpec, ModelConfig
+
+from .base import masked_positions, mlm_loss
+from .ernie import ErnieSamplesObjective, classification_loss
 
 TOKEN_LABELS = {"capitalization": "capitalization_labels", "token_document": "token_document_labels"}
 SENTENCE_LABELS = {"sentence_reorder": "sentence_reorder_label", "sentence_distance": "sentence_distance_label",
                    "discourse": "discourse_label", "ir_relevance": "ir_relevance_label"}
 
 
-class Ernie2Options(BaseModel):
-    """``objective.options`` of ``name: ernie2``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    continual: ContinualConfig
-    """The tasks, their iterations and the schedule."""
-    knowledge_masking: KnowledgeMaskingConfig = Field(default_factory=KnowledgeMaskingConfig)
-    reorder_max_pieces: int = Field(3, ge=1, le=5)
-    """Sentence reordering: at most m pieces, k = 1! + ... + m! classes."""
-    discourse: PairTaskConfig | None = None
-    ir_relevance: PairTaskConfig | None = None
-    token_document_max_tokens: int = Field(4096, ge=1)
-    """Token-document relation looks at up to this many tokens of the rest of the document."""
-
-    @model_validator(mode="after")
-    def _pair_files_given(self):
-        for task in ("discourse", "ir_relevance"):
-            if any(t.name == task for t in self.continual.tasks) and getattr(self, task) is None:
-                raise ValueError(f"continual.tasks lists {task}: give objective.options.{task} (path, labels)")
-        return self
-
-
-class Ernie2Objective:
+class Ernie2Objective(ErnieSamplesObjective):
     name = "ernie2"
     Options = Ernie2Options
 
     def __init__(self, options: Ernie2Options | dict):
-        self.options = options if isinstance(options, BaseModel) else self.Options.model_validate(options)
-        continual = self.options.continual
+        super().__init__(options)  # Ernie2Options refuses unknown tasks
         num_labels = {name: len(getattr(self.options, name).labels) for name in ("discourse", "ir_relevance")
                       if getattr(self.options, name) is not None}
         reorder_max_pieces = self.options.reorder_max_pieces
-        self.tasks = {t.name: t for t in continual.tasks}
-        unknown = set(self.tasks) - set(T.TASKS) - {"dlm"}
-        if unknown or "dlm" in self.tasks:
-            raise ValueError(f"objective.continual.tasks: unknown task(s) {sorted(unknown | ({'dlm'} & set(self.tasks)))}"
-                             f"; ERNIE 2.0 tasks are {[t for t in T.TASKS if t != 'dlm']}")
+        self.tasks = {t.name: t for t in self.options.continual.tasks}
         self.num_labels = {"capitalization": 2, "token_document": 2,
                            "sentence_reorder": T.num_reorder_classes(reorder_max_pieces), "sentence_distance": 3,
                            **(num_labels or {})}
-
-    def build_components(self, cfg, rank: int, world_size: int, device: str):
-        """Model, loss and ERNIE 2.0 batches for ``trainer.pretrain`` (its ``Components``)."""
-        from trainer.ernie.components import ernie_components
-
-        return ernie_components(cfg, rank, world_size, device, objective=self)
 
     def heads(self, model_cfg: ModelConfig) -> dict[str, HeadSpec]:
         if model_cfg.extra_embeddings.get("task", 0) < len(T.TASKS):
@@ -87,18 +52,12 @@ class Ernie2Objective:
                 heads[name] = HeadSpec("sequence", self.num_labels[name])
         return heads
 
-    def build_model(self, model_cfg: ModelConfig) -> torch.nn.Module:
-        return PretrainingModel(model_cfg, self.heads(model_cfg))
-
-    def data_requirements(self) -> dict:
-        return {"formats": ("doc-sentences",), "masking": "knowledge", "tasks": list(self.tasks)}
-
     def loss(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         ids = batch["input_ids"]
         has_mlm = "mlm_labels" in batch
         positions = labels = None
         if has_mlm:
-            positions, labels = flat_positions(batch["mlm_positions"], batch["mlm_labels"], ids.shape[1])
+            positions, labels = masked_positions(batch)
         out = model(ids, batch["attention_mask"], batch.get("token_type_ids"), {"task": batch["task_ids"]},
                     positions if has_mlm else torch.zeros(0, dtype=torch.long, device=ids.device))
         total = None

@@ -1,25 +1,15 @@
 """``mlm+nsp``: BERT. MLM plus next-sentence prediction on [CLS] (label 1 = B from another document)."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from trainer.models import MLM, NSP, HeadSpec, ModelConfig
 
 from .base import Objective, masked_positions, mlm_loss, sentence_loss
-
-
-class SentenceTaskOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    sentence_weight: float = Field(1.0, ge=0.0)
-    """weight of the sentence-level loss added to the MLM loss (BERT and ALBERT: 1)"""
+from .options import SentenceTaskOptions
 
 
 class MlmNspObjective(Objective):
     name = "mlm+nsp"
     Options = SentenceTaskOptions
-    formats = ("segment-pair", "sentence-pair")
-    labels = ("mlm_positions", "mlm_labels", "sentence_label")
     head = NSP
 
     def heads(self, model_cfg: ModelConfig) -> dict[str, HeadSpec]:

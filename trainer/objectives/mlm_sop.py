@@ -10,5 +10,4 @@ class MlmSopObjective(MlmNspObjective):
     """Same heads and losses as ``mlm+nsp``; the negatives differ (built by the ``sop-pair`` format)."""
 
     name = "mlm+sop"
-    formats = ("sop-pair",)
     head = SOP

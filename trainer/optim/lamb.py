@@ -2,8 +2,9 @@
 
 Usage::
 
-    from trainer.optim.lamb import Lamb, bind_zero_layout
+    from trainer.optim.lamb import Lamb
     from trainer.optim.param_groups import param_groups
+    from trainer.optim.zero_lamb import bind_zero_layout   # reads DeepSpeed's partition bookkeeping
 
     opt = Lamb(param_groups(model, weight_decay=0.01, mark_trust_ratio=True), lr=1.76e-3)
     engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config)
@@ -228,12 +229,3 @@ class Lamb(torch.optim.Optimizer):
                 p.add_(u, alpha=-float(group["lr"]))
         return ratio[:-1]
 
-
-def bind_zero_layout(engine) -> PartitionLayout | None:
-    """Make the engine's Lamb compute trust ratios per original parameter under ZeRO (see ``zero_lamb.py``).
-
-    Call once after ``deepspeed.initialize`` (and again if DeepSpeed rebuilds its partitions). Returns the layout, or
-    None when the optimizer sees whole parameters (no ZeRO: fp32, or the unfused fp16/bf16 wrapper): nothing to do.
-    """
-    from trainer.optim import zero_lamb  # imports deepspeed: kept out of this module's import
-    return zero_lamb.bind_zero_layout(engine)

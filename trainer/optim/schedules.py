@@ -7,25 +7,9 @@ stretched one if ``train.steps`` was extended.
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-
-class ScheduleConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    kind: Literal["linear", "polynomial", "constant"] = "linear"
-    """Decay after warmup: linear to end_ratio (BERT, RoBERTa), polynomial with `power` (ALBERT uses power 1)."""
-    warmup_steps: int = Field(default=0, ge=0)
-    """Linear warmup from 0 to the peak lr over this many steps (BERT 10k, RoBERTa-base 24k, ALBERT 3125)."""
-    power: float = Field(default=1.0, gt=0)
-    """Exponent of the polynomial decay (1.0 = linear)."""
-    end_ratio: float = Field(default=0.0, ge=0, le=1)
-    """lr at the last step, as a fraction of the peak."""
-    decay_steps: int | None = Field(default=None, gt=0)
-    """Step at which decay ends (None = train.steps)."""
+from trainer.optim.config import ScheduleConfig
 
 
 class WarmupDecay:

@@ -1,0 +1,31 @@
+"""How a run ends: the exit statuses of ``trainer/pretrain.py`` and ``RUN_DIR/status.json``.
+
+Standard library only: ``trainer/pretrain.py`` returns ``EXIT_CONFIG`` before it imports torch.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CONFIG = 2
+"""The config is invalid (nothing was launched)."""
+EXIT_NONFINITE = 3
+"""Stopped after train.max_nonfinite_in_a_row consecutive NaN/Inf steps (the last good checkpoint is intact)."""
+EXIT_REQUEUE = 75
+"""Preempted (SIGTERM/SIGUSR1): a checkpoint was saved; run the same command again with --resume auto.
+75 is EX_TEMPFAIL from sysexits.h ("temporary failure; the user is invited to retry")."""
+
+
+def write_status(run_dir: str | Path, rank: int, status: str, step: int, message: str = "") -> None:
+    """RUN_DIR/status.json: what the last run of this folder did (for job scripts whose launcher masks exit codes).
+    Written by rank 0 only, atomically."""
+    if rank != 0:
+        return
+    path = Path(run_dir) / "status.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"status": status, "step": step, "message": message, "time": time.time()}))
+    tmp.replace(path)
