@@ -113,10 +113,11 @@ def en_tokenizer(en_corpus, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def en_prepared(en_corpus, en_tokenizer, tmp_path_factory) -> Path:
-    """The whole English corpus as 4 shards; returns the prefix."""
+    """The whole English corpus (~640 documents, one per standard-library module) as 4 shards; returns the prefix."""
     def make():
         docs = encode_docs(en_tokenizer, read_documents(en_corpus))
-        return write_shards(docs, tmp_path_factory.mktemp("en") / "en", en_tokenizer.vocab_size)
+        return write_shards(docs, tmp_path_factory.mktemp("en") / "en", en_tokenizer.vocab_size,
+                            docs_per_shard=-(-len(docs) // 4))
     return _once("en_prepared", make)
 
 
@@ -227,17 +228,28 @@ def test_sop_negatives_are_the_positive_swapped(en_prepared):
     assert n_neg > 0
 
 
-def test_doc_sentences_never_cross_a_document_and_packing_fills_rows(en_prepared):
-    corpus, index, build = _builder(en_prepared, "doc-sentences", T=128, short=0.0, pack=True)
+def test_doc_sentences_never_cross_a_document_and_packing_fills_rows(en_corpus, en_tokenizer, tmp_path):
+    docs = encode_docs(en_tokenizer, read_documents(en_corpus))
+    # documents of 1 to 4 consecutive sentences of a module: a module's docstrings are one long document that fills
+    # 128-token rows without packing; short documents (fortunes, tweets, Q&A) are where packing matters
+    short_docs = []
+    for doc in docs:
+        i = 0
+        while i < len(doc):
+            n = 1 + len(short_docs) % 4
+            short_docs.append(doc[i:i + n])
+            i += n
+    prefix = write_shards(short_docs, tmp_path / "short", en_tokenizer.vocab_size)
+    corpus, index, build = _builder(prefix, "doc-sentences", T=128, short=0.0, pack=True)
     docs_of = corpus.document_of
     for i in range(len(index)):
         for start, end, _ in index.sample_chunks(i):
             assert docs_of(start) == docs_of(end - 1), f"sample {i} crosses a document"
     lengths = np.array([len(build(i, None)["tokens"]) for i in range(0, len(index), 7)])
     assert lengths.max() <= 128
-    _, unpacked, build_u = _builder(en_prepared, "doc-sentences", T=128, short=0.0, pack=False)
+    _, unpacked, build_u = _builder(prefix, "doc-sentences", T=128, short=0.0, pack=False)
     unpacked_len = np.array([len(build_u(i, None)["tokens"]) for i in range(0, len(unpacked), 7)])
-    _, full, build_f = _builder(en_prepared, "full-sentences", T=128, short=0.0)
+    _, full, build_f = _builder(prefix, "full-sentences", T=128, short=0.0)
     full_len = np.array([len(build_f(i, None)["tokens"]) for i in range(0, len(full), 7)])
     # Fixed micro-batch shapes: tokens per row with packing are within 15 % of full-sentences; without, far below.
     assert lengths.mean() > 0.85 * full_len.mean(), (lengths.mean(), full_len.mean())
