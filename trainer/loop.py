@@ -70,7 +70,11 @@ class PreemptionFlag:
 
 
 def _to_device(batch: dict, device) -> dict:
-    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+    """The batch on ``device``, with its ``Packing`` computed first, on the host, where finding the real tokens
+    costs no device sync (``trainer.models.kernels.attach_packing``)."""
+    from trainer.models.kernels import Packing, attach_packing
+    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) or isinstance(v, Packing) else v)
+            for k, v in attach_packing(batch).items()}
 
 
 @dataclass

@@ -7,11 +7,14 @@ evaluation with ``"split": "eval"``. ``python -m trainer.plot RUN_DIR`` reads it
 MFU is model FLOPs per second over the peak: training costs ~6 FLOPs per parameter per token (forward 2, backward 4)
 for the dense weights, plus the attention score/value products, 12 * layers * hidden * seq per token
 (PaLM paper, appendix B). Embedding lookups are not matmuls and are left out. The peak is ``logging.peak_tflops`` per
-rank, or a fp32 (bf16 on GPU when training in bf16) matmul measured once at start-up.
+rank, else the vendor's dense peak for this GPU model at the training's matmul dtype (``PEAK_TFLOPS``; fp32 counts
+as tf32 when torch allows TF32 matmuls), else a large matmul at the training dtype measured once at start-up
+(synchronised; it lands below the datasheet, so MFU reads high by that margin: the table is preferred).
 """
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -31,20 +34,79 @@ def model_flops_per_token(model: torch.nn.Module, seq_len: int, num_layers: int 
     return 6.0 * (total - embedding) + 12.0 * num_layers * hidden * seq_len
 
 
-def measure_peak_flops(device: str = "cpu", dtype: torch.dtype = torch.float32, n: int = 1024) -> float:
-    """FLOP/s of a square matmul on this device (~0.3 s on CPU); the denominator of MFU when none is configured.
-    Its operands come from a private generator: the trainer measures after restoring a checkpoint's RNG state, and a
-    draw from the global stream would shift dropout and ELECTRA's sampling in a resumed run."""
+# Dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, TFLOP/s per GPU, by matmul dtype. Matched in order
+# against torch.cuda.get_device_name() (e.g. "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB"),
+# so the specific names (NVL, PCIe) come before the generic ones. A GPU not listed is measured instead.
+PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    (r"H200 NVL", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
+    (r"H200|GH200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    (r"H100 NVL", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
+    (r"H100 PCIe", {"bf16": 756.5, "fp16": 756.5, "tf32": 378.0, "fp32": 51.2}),
+    (r"H100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM5 (HBM3)
+    (r"A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    (r"L40S", {"bf16": 362.05, "fp16": 362.05, "tf32": 183.0, "fp32": 91.6}),
+    (r"\bL4\b", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    (r"\bA10\b", {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}),
+    (r"V100-PCIE", {"fp16": 112.0, "fp32": 14.0}),
+    (r"V100", {"fp16": 125.0, "fp32": 15.7}),  # SXM2; no bf16 on Volta
+]
+
+
+def matmul_dtype_name(dtype: torch.dtype) -> str:
+    """'bf16', 'fp16', or for fp32 'tf32' when torch lets matmuls use TF32 tensor cores, else 'fp32'."""
+    if dtype == torch.bfloat16:
+        return "bf16"
+    if dtype == torch.float16:
+        return "fp16"
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+
+
+def table_peak_flops(gpu_name: str, dtype: torch.dtype) -> float | None:
+    """The datasheet peak (FLOP/s) of ``gpu_name`` at ``dtype`` from PEAK_TFLOPS, or None when not listed."""
+    kind = matmul_dtype_name(dtype)
+    for pattern, peaks in PEAK_TFLOPS:
+        if re.search(pattern, gpu_name):
+            return peaks[kind] * 1e12 if kind in peaks else None
+    return None
+
+
+def peak_flops(device: str, dtype: torch.dtype) -> tuple[float, str]:
+    """(peak FLOP/s per rank, where it came from): the table for a known GPU, else a measurement at ``dtype``."""
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(torch.device(device))
+        peak = table_peak_flops(name, dtype)
+        if peak is not None:
+            return peak, f"{name} datasheet, {matmul_dtype_name(dtype)} dense"
+        return measure_peak_flops(device, dtype), f"{name} not in PEAK_TFLOPS: measured {dtype} matmul"
+    return measure_peak_flops(device, dtype), f"measured {dtype} matmul on {device}"
+
+
+def measure_peak_flops(device: str = "cpu", dtype: torch.dtype = torch.float32, n: int | None = None) -> float:
+    """FLOP/s of a square n x n matmul at ``dtype`` on this device: n 8192 on a GPU (smaller ones stay far below
+    an H100's peak), 1024 on the CPU (256 below fp32: bf16 is ~250x slower there); ~0.2 s plus a synchronised
+    warm-up. Its operands come from a private generator: the trainer measures after restoring a checkpoint's RNG
+    state, and a draw from the global stream would shift dropout and ELECTRA's sampling in a resumed run."""
+    cuda = device.startswith("cuda")
+    if n is None:
+        n = 8192 if cuda else (1024 if dtype == torch.float32 else 256)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
     b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
-    a @ b  # warm-up
+    for _ in range(2):  # warm-up: cuBLAS picks its kernel, clocks ramp up
+        a @ b
+    sync()
     reps, start = 0, time.perf_counter()
     while reps < 3 or time.perf_counter() - start < 0.2:
         a @ b
         reps += 1
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+        if cuda and reps % 10 == 0:
+            sync()  # the clock must see finished work, not queued launches
+    sync()
     return 2.0 * n**3 * reps / (time.perf_counter() - start)
 
 

@@ -107,7 +107,7 @@ def run(args, cfg: RunConfig) -> int:
     from trainer import checkpoint, engine
     from trainer.ds_json import precision, read_ds_json, zero_stage
     from trainer.loop import NonFiniteLossError, PreemptionFlag, Trainer
-    from trainer.metrics import MetricsLogger, measure_peak_flops
+    from trainer.metrics import MetricsLogger, peak_flops
     from trainer.optim.schedules import build_scheduler
 
     preempt = PreemptionFlag()  # before the slow start-up, so an early SIGTERM is not lost
@@ -151,9 +151,12 @@ def run(args, cfg: RunConfig) -> int:
         checkpoint.restore_rng(resume_dir, rank, world_size, cfg.seed, state.step)
         print0(f"resumed from {resume_dir} at step {state.step} ({state.consumed_samples} samples consumed)")
 
-    peak = (cfg.logging.peak_tflops * 1e12 if cfg.logging.peak_tflops else
-            measure_peak_flops(device, torch.bfloat16 if precision(cfg, ds_config) == "bf16" and device != "cpu"
-                               else torch.float32))
+    if cfg.logging.peak_tflops:
+        peak, peak_source = cfg.logging.peak_tflops * 1e12, "logging.peak_tflops"
+    else:  # the training's matmul dtype: fp16/bf16 runs against their own peak, not fp32's
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision(cfg, ds_config), torch.float32)
+        peak, peak_source = peak_flops(device, dtype)
+    print0(f"MFU denominator: {peak / 1e12:.1f} TFLOP/s per rank ({peak_source})")
     metrics = MetricsLogger(cfg.run_dir, cfg.logging, rank, cfg.train.steps, state.step)
     if rank == 0:
         (Path(cfg.run_dir) / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))

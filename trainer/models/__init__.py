@@ -15,7 +15,7 @@ _TORCH_PARTS = {
     "Encoder": "trainer.models.encoder",
     "MLMHead": "trainer.models.heads", "SequenceHead": "trainer.models.heads", "TokenHead": "trainer.models.heads",
     "PretrainingModel": "trainer.models.heads", "count_parameters": "trainer.models.heads",
-    "flat_positions": "trainer.models.heads",
+    "flat_positions": "trainer.models.heads", "mlm_targets": "trainer.models.heads",
     "ElectraPretrainingModel": "trainer.models.electra",
 }
 
@@ -28,4 +28,4 @@ def __getattr__(name: str):
 
 __all__ = ["ModelConfig", "Encoder", "HeadSpec", "MLMHead", "SequenceHead", "TokenHead", "PretrainingModel",
            "ElectraPretrainingModel", "generator_config", "infer_generator_fraction", "PRESETS", "PRESET_ROWS",
-           "get_preset", "flat_positions", "count_parameters", "MLM", "NSP", "SOP", "RTD"]
+           "get_preset", "flat_positions", "mlm_targets", "count_parameters", "MLM", "NSP", "SOP", "RTD"]

@@ -57,22 +57,24 @@ class ElectraPretrainingModel(nn.Module):
                 raise ValueError(f"ELECTRA sharing {sharing!r} is not one of none, embeddings, all")
         self.generator = PretrainingModel(gen_cfg, GENERATOR_HEADS, encoder=encoder)
 
-    def generator_logits(self, input_ids, attention_mask=None, token_type_ids=None, positions=None, pack_ids=None
-                         ) -> torch.Tensor:
+    def generator_logits(self, input_ids, attention_mask=None, token_type_ids=None, positions=None, pack_ids=None,
+                         packing=None) -> torch.Tensor:
         """Generator MLM logits [N, V] at ``positions`` (flat indices into B*T); all positions [B, T, V] if None."""
-        hidden = self.generator.encoder(input_ids, attention_mask, token_type_ids, pack_ids=pack_ids)
+        hidden = self.generator.encoder(input_ids, attention_mask, token_type_ids, pack_ids=pack_ids, packing=packing)
         return self.generator.heads[MLM](hidden, positions)
 
-    def discriminator_logits(self, input_ids, attention_mask=None, token_type_ids=None, pack_ids=None
-                             ) -> torch.Tensor:
+    def discriminator_logits(self, input_ids, attention_mask=None, token_type_ids=None, pack_ids=None,
+                             packing=None) -> torch.Tensor:
         """Replaced-token-detection logits [B, T] (> 0 means 'replaced')."""
-        hidden = self.discriminator.encoder(input_ids, attention_mask, token_type_ids, pack_ids=pack_ids)
+        hidden = self.discriminator.encoder(input_ids, attention_mask, token_type_ids, pack_ids=pack_ids,
+                                            packing=packing)
         return self.discriminator.heads[RTD](hidden).squeeze(-1)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, positions=None,
-                part: Literal["generator", "discriminator"] = "discriminator", pack_ids=None) -> torch.Tensor:
+                part: Literal["generator", "discriminator"] = "discriminator", pack_ids=None, packing=None
+                ) -> torch.Tensor:
         if part == "generator":
-            return self.generator_logits(input_ids, attention_mask, token_type_ids, positions, pack_ids)
+            return self.generator_logits(input_ids, attention_mask, token_type_ids, positions, pack_ids, packing)
         if part == "discriminator":
-            return self.discriminator_logits(input_ids, attention_mask, token_type_ids, pack_ids)
+            return self.discriminator_logits(input_ids, attention_mask, token_type_ids, pack_ids, packing)
         raise ValueError(f"part must be 'generator' or 'discriminator', not {part!r}")

@@ -108,14 +108,15 @@ class FeedForward(nn.Module):
 
 
 class Encoder(nn.Module):
-    """``Encoder(cfg)(input_ids, attention_mask=None, token_type_ids=None, extra_ids=None, pack_ids=None)
-    -> hidden [B, T, H]``.
+    """``Encoder(cfg)(input_ids, attention_mask=None, token_type_ids=None, extra_ids=None, pack_ids=None,
+    packing=None) -> hidden [B, T, H]``.
 
     ``attention_mask`` is 1 for real tokens and 0 for padding; None means no padding (and skips the mask entirely,
     which lets SDPA pick its fastest kernel). With ``cfg.unpad`` and a mask, hidden states at padding are 0.
     ``pack_ids`` [B, T] (1, 2, ... per packed sample, 0 = padding; DESIGN.md "Batches") makes each packed sample
     attend only to itself and restart its positions, so a packed row gives each sample the hidden states it would
-    have alone; it implies the attention mask.
+    have alone; it implies the attention mask. ``packing`` (``kernels.attach_packing``, computed on the host) spares
+    the device->host syncs of finding the real tokens and lets a batch without padding run with no mask at all.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -152,27 +153,35 @@ class Encoder(nn.Module):
         mask = attention_mask.long()
         return torch.cumsum(mask, dim=1) * mask + (offset - 1)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, extra_ids=None, pack_ids=None
-                ) -> torch.Tensor:
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, extra_ids=None, pack_ids=None,
+                packing: Packing | None = None) -> torch.Tensor:
         if pack_ids is not None:
             attention_mask = (pack_ids != 0).long()
+        if packing is not None and (packing.batch, packing.seqlen) != tuple(input_ids.shape):
+            raise ValueError(f"packing is for a [{packing.batch}, {packing.seqlen}] batch, input_ids is "
+                             f"{list(input_ids.shape)}: pass the packing attach_packing made for this batch")
         positions = self.position_ids(input_ids, attention_mask, pack_ids)
         x = self.embeddings(input_ids, positions, token_type_ids, extra_ids)
         if self.project is not None:
             x = self.project(x)
-        if self.cfg.unpad and attention_mask is not None:
-            return self._forward_unpadded(x, attention_mask, pack_ids)
+        if packing is not None and pack_ids is None and not packing.padded:
+            # Nothing padded (decided on the host, once per batch): no mask at all, so SDPA may take its flash kernel
+            # (it takes none with an attn_mask) and unpad has nothing to remove.
+            attention_mask = None
+        # Packed rows on a GPU go through varlen attention (flash / nested) instead of a dense T x T block mask.
+        varlen = attention_mask is not None and (self.cfg.unpad or (pack_ids is not None and x.device.type == "cuda"))
+        if varlen:
+            return self._forward_unpadded(x, packing if packing is not None else pack(attention_mask, pack_ids))
         if pack_ids is not None:
-            key_mask = block_mask(pack_ids)
+            key_mask = packing.key_mask if packing is not None else block_mask(pack_ids)
         else:
             key_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         for i in range(self.cfg.num_layers):
             x = self._run_layer(i, x, key_mask, packed=False)
         return x
 
-    def _forward_unpadded(self, x: torch.Tensor, attention_mask: torch.Tensor, pack_ids=None) -> torch.Tensor:
+    def _forward_unpadded(self, x: torch.Tensor, packing: Packing) -> torch.Tensor:
         batch, seqlen, width = x.shape
-        packing = pack(attention_mask, pack_ids)
         packed = x.reshape(batch * seqlen, width).index_select(0, packing.indices)
         for i in range(self.cfg.num_layers):
             packed = self._run_layer(i, packed, packing, packed=True)

@@ -83,7 +83,7 @@ class PretrainingModel(nn.Module):
     """``PretrainingModel(cfg, heads)``: the encoder and the heads an objective declared.
 
     ``forward(input_ids, attention_mask=None, token_type_ids=None, extra_ids=None, mlm_positions=None,
-    pack_ids=None)`` returns
+    pack_ids=None, packing=None)`` returns
     ``{"hidden": [B, T, H], <head name>: logits}``: an 'mlm' head gives [N, V] at ``mlm_positions`` (flat indices
     into B*T, see ``flat_positions``; all positions [B, T, V] when None), a 'sequence' head [B, num_labels], a
     'token' head [B, T, num_labels]. One forward call computes everything, so a DeepSpeed engine can wrap it.
@@ -97,8 +97,9 @@ class PretrainingModel(nn.Module):
         self.heads = nn.ModuleDict({name: build_head(cfg, spec, self.encoder) for name, spec in heads.items()})
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, extra_ids=None, mlm_positions=None,
-                pack_ids=None):
-        hidden = self.encoder(input_ids, attention_mask, token_type_ids, extra_ids, pack_ids=pack_ids)
+                pack_ids=None, packing=None):
+        hidden = self.encoder(input_ids, attention_mask, token_type_ids, extra_ids, pack_ids=pack_ids,
+                              packing=packing)
         out = {"hidden": hidden}
         for name, head in self.heads.items():
             out[name] = head(hidden, mlm_positions) if self.head_specs[name].kind == "mlm" else head(hidden)
@@ -111,11 +112,25 @@ def flat_positions(mlm_positions: torch.Tensor, mlm_labels: torch.Tensor, seq_le
     [B, P]`` (-100 = padding) -> (flat positions [N] into B*T, labels [N]) for the N real predictions.
 
     Example: T=4, positions [[1, 3], [2, 0]], labels [[7, 9], [5, -100]] -> ([1, 3, 6], [7, 9, 5]).
-    (Boolean indexing is a device->host sync on GPU; once per step.)
+    Boolean indexing is a device->host sync on GPU (N is data-dependent): the training objectives use
+    ``mlm_targets`` instead; this is for tools and tests that want the real predictions only.
     """
     rows = torch.arange(mlm_positions.shape[0], device=mlm_positions.device).unsqueeze(1)
     keep = mlm_labels != -100
     return (mlm_positions + rows * seq_len)[keep], mlm_labels[keep]
+
+
+def mlm_targets(mlm_positions: torch.Tensor, mlm_labels: torch.Tensor, seq_len: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flat_positions`` without the device->host sync: all B*P entries, the padding ones kept with label -100
+    (the losses ignore them) and pointing where the batch pads them, at their row's first token ([CLS], never
+    masked). The MLM head then scores B*P rows instead of N: with P = max_predictions (~15 % of T plus rounding)
+    that is a few percent more decoder rows for full rows, in exchange for a shape known on the host.
+
+    Example: T=4, positions [[1, 3], [2, 0]], labels [[7, 9], [5, -100]] -> ([1, 3, 6, 4], [7, 9, 5, -100]).
+    """
+    rows = torch.arange(mlm_positions.shape[0], device=mlm_positions.device).unsqueeze(1)
+    return (mlm_positions + rows * seq_len).reshape(-1), mlm_labels.reshape(-1)
 
 
 def count_parameters(module: nn.Module) -> int:

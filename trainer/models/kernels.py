@@ -1,23 +1,32 @@
 """Optional fast kernels, each with a plain-torch fallback that computes the same thing.
 
-- Variable-length ("unpadded") attention: flash-attn's varlen kernel when it is installed and the tensors are on a
-  GPU; otherwise PyTorch nested (jagged) tensors through ``scaled_dot_product_attention`` on GPU; otherwise (CPU) a
-  padded fallback that scatters the packed tokens back into a [B, T] grid for one dense SDPA call. The fallback is
-  ours because no library offers varlen attention on CPU; it costs one scatter and one gather per layer, and the
-  linear layers around it (most of the FLOPs) still see only the real tokens.
+- Variable-length ("unpadded") attention, chosen per call from the device and the dtype of q/k/v
+  (``choose_varlen_method``): flash-attn's varlen kernel for fp16/bf16 on a GPU when flash-attn is installed (it has
+  no fp32 kernel); otherwise PyTorch nested (jagged) tensors through ``scaled_dot_product_attention`` on a GPU, with
+  the sequence-length metadata attached so SDPA does not read it back from the device (without it, 6 ``.item()``
+  per layer); otherwise (CPU) a padded fallback that scatters the packed tokens back into a [B, T] grid for one dense
+  SDPA call. The fallback is ours because no library offers varlen attention on CPU; it costs one scatter and one
+  gather per layer, and the linear layers around it (most of the FLOPs) still see only the real tokens.
+- ``Packing``: where the real tokens of a batch are. ``pack`` computes it; every number in it that a kernel needs on
+  the host (token count, max/min sequence length, whether anything is padded) is a Python value. The training loop
+  calls ``attach_packing`` on the collated batch while it is still on the CPU, so the model needs no device->host
+  sync to learn them; built on the device instead (``pack`` of a CUDA mask), it costs 3 syncs per forward.
 - Fused LayerNorm from apex, swapped in only when apex is importable and the module is on a GPU. Recent PyTorch
   LayerNorm kernels are about as fast, so this is a small win at best; apex is usually absent (it is not on PyPI).
 
 Fused Adam is not here: the optimizer is built by ``trainer/optim`` and DeepSpeed's fused Adam is chosen in
 ``trainer/engine.py``.
 """
-from dataclasses import dataclass
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 VARLEN_METHODS = ("flash", "nested", "padded")
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
 @dataclass
@@ -30,11 +39,37 @@ class Packing:
     """Cumulative sequence lengths, int32 [S + 1]: sequence s is packed rows cu_seqlens[s]:cu_seqlens[s+1]. One
     sequence per row, or one per packed sample when the batch carries pack_ids."""
     max_seqlen: int
+    min_seqlen: int
     batch: int
     seqlen: int
-    key_mask: torch.Tensor
-    """The dense equivalent for the padded fallback: [B, 1, 1, T] (True = real key) or, with pack_ids, the
-    block-diagonal [B, 1, T, T] of block_mask."""
+    mask: torch.Tensor
+    """[B, T] bool, True = real token."""
+    pack_ids: torch.Tensor | None = None
+    _key_mask: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def tokens(self) -> int:
+        return self.indices.shape[0]
+
+    @property
+    def padded(self) -> bool:
+        """Anything padded in the batch (known on the host: N is the shape of ``indices``)."""
+        return self.tokens < self.batch * self.seqlen
+
+    @property
+    def key_mask(self) -> torch.Tensor:
+        """The dense equivalent for the padded fallback: [B, 1, 1, T] (True = real key) or, with pack_ids, the
+        block-diagonal [B, 1, T, T] of block_mask (built once per batch, on first use)."""
+        if self._key_mask is None:
+            self._key_mask = (block_mask(self.pack_ids) if self.pack_ids is not None
+                              else self.mask[:, None, None, :])
+        return self._key_mask
+
+    def to(self, device, non_blocking: bool = False) -> Packing:
+        """The same packing with its tensors on ``device`` (host->device copies only: no sync)."""
+        move = (lambda t: None if t is None else t.to(device, non_blocking=non_blocking))
+        return replace(self, indices=move(self.indices), cu_seqlens=move(self.cu_seqlens), mask=move(self.mask),
+                       pack_ids=move(self.pack_ids), _key_mask=move(self._key_mask))
 
 
 def block_mask(pack_ids: torch.Tensor) -> torch.Tensor:
@@ -50,7 +85,8 @@ def pack(attention_mask: torch.Tensor, pack_ids: torch.Tensor | None = None) -> 
     """Packing for a padded mask (1 real, 0 pad), optionally with packed samples inside rows (``pack_ids``).
 
     Example: mask [[1,1,0],[1,0,0]] -> indices [0,1,3], cu_seqlens [0,2,3], max_seqlen 2; with pack_ids
-    [[1,2,0],[1,0,0]] -> cu_seqlens [0,1,2,3]. max_seqlen and nonzero() are device->host syncs (once per forward).
+    [[1,2,0],[1,0,0]] -> cu_seqlens [0,1,2,3]. On a GPU the two nonzero() and the one tolist() are device->host
+    syncs: call it on the CPU batch (``attach_packing``) where they cost nothing.
     """
     mask = attention_mask.bool()
     batch, seqlen = mask.shape
@@ -63,9 +99,23 @@ def pack(attention_mask: torch.Tensor, pack_ids: torch.Tensor | None = None) -> 
         starts[1:] |= ids[1:] != ids[:-1]
     bounds = torch.nonzero(starts, as_tuple=False).flatten()
     cu_seqlens = torch.cat([bounds, bounds.new_tensor([indices.numel()])]).to(torch.int32)
-    key_mask = block_mask(pack_ids) if pack_ids is not None else mask[:, None, None, :]
-    return Packing(indices=indices, cu_seqlens=cu_seqlens, max_seqlen=int((cu_seqlens[1:] - cu_seqlens[:-1]).max()),
-                   batch=batch, seqlen=seqlen, key_mask=key_mask)
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    longest, shortest = (torch.stack([lengths.max(), lengths.min()]).tolist() if lengths.numel() else (0, 0))
+    return Packing(indices=indices, cu_seqlens=cu_seqlens, max_seqlen=int(longest), min_seqlen=int(shortest),
+                   batch=batch, seqlen=seqlen, mask=mask, pack_ids=pack_ids)
+
+
+def attach_packing(batch: dict) -> dict:
+    """The batch plus ``"packing"`` (``pack`` of its attention mask and pack ids), computed while the batch is still
+    on the CPU (the loop calls it before moving the batch to the device). Objectives pass it to the model
+    (``objectives.base.packing``), which then decides once per batch, without a device sync, whether to pass SDPA a
+    mask at all and where the real tokens are. A batch without an attention mask, or already on a device, is
+    returned as it is."""
+    mask = batch.get("attention_mask")
+    if not torch.is_tensor(mask) or mask.device.type != "cpu" or mask.dim() != 2 or "packing" in batch:
+        return batch
+    pack_ids = batch.get("pack_ids")
+    return {**batch, "packing": pack((pack_ids != 0) if pack_ids is not None else mask, pack_ids)}
 
 
 def _flash_attn():
@@ -76,9 +126,11 @@ def _flash_attn():
     return flash_attn_varlen_qkvpacked_func
 
 
-def choose_varlen_method(device: torch.device) -> str:
-    if device.type == "cuda":
-        return "flash" if _flash_attn() is not None else "nested"
+def choose_varlen_method(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> str:
+    """flash-attn for fp16/bf16 on a GPU when installed (it has no fp32 kernel), else nested tensors on a GPU, else
+    the padded fallback (CPU)."""
+    if torch.device(device).type == "cuda":
+        return "flash" if dtype in FLASH_DTYPES and _flash_attn() is not None else "nested"
     return "padded"
 
 
@@ -87,9 +139,9 @@ def varlen_attention(qkv: torch.Tensor, packing: Packing, dropout_p: float = 0.0
     """Self-attention over packed sequences. qkv: [N, 3, A, D] -> context [N, A, D].
 
     Each sequence attends only to its own real tokens, exactly as padded attention with a key-padding mask does.
-    ``method`` forces one implementation (tests compare them); None picks the fastest available.
+    ``method`` forces one implementation (tests compare them); None picks the fastest for qkv's device and dtype.
     """
-    method = method or choose_varlen_method(qkv.device)
+    method = method or choose_varlen_method(qkv.device, qkv.dtype)
     if method not in VARLEN_METHODS:
         raise ValueError(f"varlen attention method {method!r} is not one of {VARLEN_METHODS}")
     n, _, heads, dim = qkv.shape
@@ -97,10 +149,15 @@ def varlen_attention(qkv: torch.Tensor, packing: Packing, dropout_p: float = 0.0
         fn = _flash_attn()
         if fn is None:
             raise RuntimeError("varlen method 'flash' needs flash-attn: pip install flash-attn (GPU only)")
+        if qkv.dtype not in FLASH_DTYPES:
+            raise RuntimeError(f"varlen method 'flash' needs fp16 or bf16 tensors, got {qkv.dtype}")
         return fn(qkv, packing.cu_seqlens, packing.max_seqlen, dropout_p)
     if method == "nested":
+        # The host-known min/max lengths go in as metadata: SDPA reads them to pick a kernel and size its grid, and
+        # would otherwise compute them with an .item() each (3 q/k/v x 2 per layer).
         offsets = packing.cu_seqlens.long()
-        q, k, v = (torch.nested.nested_tensor_from_jagged(t.contiguous(), offsets).transpose(1, 2)
+        q, k, v = (torch.nested.nested_tensor_from_jagged(t.contiguous(), offsets, min_seqlen=packing.min_seqlen,
+                                                          max_seqlen=packing.max_seqlen).transpose(1, 2)
                    for t in qkv.unbind(1))
         ctx = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
         return ctx.transpose(1, 2).values()

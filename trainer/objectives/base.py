@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
 
-from trainer.models import HeadSpec, ModelConfig, PretrainingModel, flat_positions
+from trainer.models import HeadSpec, ModelConfig, PretrainingModel, mlm_targets
 from trainer.objectives.options import NoOptions
 
 
@@ -50,24 +50,28 @@ class Objective:
 
 
 def packing(batch: dict) -> dict:
-    """``{"pack_ids": ...}`` for packed doc-sentences batches (the encoder then attends within each packed sample
-    and restarts its positions), else nothing, so models without the keyword keep working."""
-    return {"pack_ids": batch["pack_ids"]} if "pack_ids" in batch else {}
+    """The model keywords of a batch's packing: ``pack_ids`` for packed doc-sentences batches (the encoder then
+    attends within each packed sample and restarts its positions) and ``packing``, the host-computed location of the
+    real tokens the training loop attaches (``trainer.models.kernels.attach_packing``; it spares the model device
+    syncs). A batch without them gives nothing, so models without the keywords keep working."""
+    return {k: batch[k] for k in ("pack_ids", "packing") if k in batch}
 
 
 def masked_positions(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(flat positions [N] into B*T, labels [N]) of the real predictions of a batch."""
-    return flat_positions(batch["mlm_positions"], batch["mlm_labels"], batch["input_ids"].shape[1])
+    """(flat positions [B*P] into B*T, labels [B*P], -100 = no prediction) of a batch: ``mlm_targets``, so no
+    device->host sync; ``mlm_loss`` ignores the -100 entries."""
+    return mlm_targets(batch["mlm_positions"], batch["mlm_labels"], batch["input_ids"].shape[1])
 
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean cross-entropy over the N predictions (computed in fp32) and accuracy. No prediction in the batch:
-    a zero loss still connected to the graph, so every rank runs the same backward."""
-    if labels.numel() == 0:
-        zero = logits.sum() * 0.0
-        return zero, zero.detach()
-    loss = F.cross_entropy(logits.float(), labels)
-    return loss, (logits.argmax(-1) == labels).float().mean().detach()
+    """Mean cross-entropy over the predictions whose label is not -100 (computed in fp32) and their accuracy.
+    Divides by the count on the device (no sync to look at it); a batch without predictions gives a zero loss still
+    connected to the graph, so every rank runs the same backward."""
+    valid = labels != -100
+    count = valid.sum().clamp(min=1)
+    loss = F.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="sum") / count
+    acc = ((logits.argmax(-1) == labels) & valid).sum() / count
+    return loss, acc.float().detach()
 
 
 def sentence_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -39,10 +39,12 @@ class ElectraAblationModel(ElectraPretrainingModel):
         disc.head_specs[MLM] = HeadSpec("mlm")
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, positions=None, part="discriminator",
-                pack_ids=None):
+                pack_ids=None, packing=None):
         if part == "discriminator_heads":
-            return self.discriminator(input_ids, attention_mask, token_type_ids, None, positions, pack_ids=pack_ids)
-        return super().forward(input_ids, attention_mask, token_type_ids, positions, part, pack_ids=pack_ids)
+            return self.discriminator(input_ids, attention_mask, token_type_ids, None, positions, pack_ids=pack_ids,
+                                      packing=packing)
+        return super().forward(input_ids, attention_mask, token_type_ids, positions, part, pack_ids=pack_ids,
+                               packing=packing)
 
 
 def gumbel_sample(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -76,10 +78,13 @@ class ElectraObjective(Objective):
         gen_loss, gen_acc = mlm_loss(gen_logits, labels)
         sampled = gumbel_sample(gen_logits, o.temperature)
 
+        # positions has B*P entries; the padding ones (label -100) point at their row's [CLS] and write back the
+        # token already there, so no entry a prediction needs is touched (masked_positions).
+        valid = labels != -100
         original = ids.reshape(-1).clone()
-        original[positions] = labels
+        original[positions] = torch.where(valid, labels, original[positions])
         corrupted = original.clone()
-        corrupted[positions] = sampled
+        corrupted[positions] = torch.where(valid, sampled, original[positions])
         replaced = (corrupted != original).reshape(B, T)  # a sample equal to the original is "original"
         corrupted, original = corrupted.reshape(B, T), original.reshape(B, T)
         metrics = {"gen_mlm_loss": gen_loss.detach(), "gen_mlm_acc": gen_acc,
@@ -90,7 +95,8 @@ class ElectraObjective(Objective):
                                 **packed)
             weight = mask.float()
             if o.variant == "electra-15":
-                weight = torch.zeros_like(weight).reshape(-1).index_fill_(0, positions, 1.0).reshape(B, T) * weight
+                weight = (torch.zeros_like(weight).reshape(-1).index_put_((positions,), valid.float()).reshape(B, T)
+                          * weight)
             per_token = F.binary_cross_entropy_with_logits(disc_logits.float(), replaced.float(), reduction="none")
             rtd_loss = (per_token * weight).sum() / weight.sum().clamp(min=1)
             metrics.update(rtd_loss=rtd_loss.detach(), **binary_metrics(disc_logits, replaced, weight, "rtd"))
@@ -101,17 +107,20 @@ class ElectraObjective(Objective):
                         part="discriminator_heads", **packed)
             main_loss, main_acc = mlm_loss(out[MLM], labels)
         else:  # all-tokens-mlm with the copy mechanism
-            real = mask.reshape(-1).nonzero().squeeze(1)
-            out = model(corrupted, attention_mask=mask, token_type_ids=types, positions=real,
+            # Every position is scored and padding weighted 0 (a nonzero() of the real ones would be a device sync).
+            every = torch.arange(B * T, device=ids.device)
+            real = mask.reshape(-1).float()
+            out = model(corrupted, attention_mask=mask, token_type_ids=types, positions=every,
                         part="discriminator_heads", **packed)
-            target = original.reshape(-1)[real]
+            target = original.reshape(-1)
             log_p_mlm = F.log_softmax(out[MLM].float(), -1).gather(1, target[:, None]).squeeze(1)
-            copy_logit = out[RTD].float().reshape(-1)[real]
-            same = (corrupted.reshape(-1)[real] == target).float()
+            copy_logit = out[RTD].float().reshape(-1)
+            same = (corrupted.reshape(-1) == target).float()
             # log(D * same + (1 - D) * p_mlm), in log space for stability
             log_copy = F.logsigmoid(copy_logit) + torch.log(same.clamp(min=1e-30))
             log_gen = F.logsigmoid(-copy_logit) + log_p_mlm
-            main_loss = -torch.logaddexp(log_copy, log_gen).mean()
-            main_acc = (out[MLM].argmax(-1) == target).float().mean().detach()
+            count = real.sum().clamp(min=1)
+            main_loss = -(torch.logaddexp(log_copy, log_gen) * real).sum() / count
+            main_acc = ((out[MLM].argmax(-1) == target).float() * real).sum().detach() / count
         metrics.update(mlm_loss=main_loss.detach(), mlm_acc=main_acc)
         return gen_loss + main_loss, metrics
