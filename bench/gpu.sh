@@ -3,7 +3,8 @@
 # head + NSP against Hugging Face BertForPreTraining (same config, batch, masked positions), MFU against a bf16 matmul
 # peak measured in the same run, and a correctness check of our model against Hugging Face on the GPU.
 #
-# Needs: one CUDA GPU, python with a CUDA torch, transformers and pydantic (no deepspeed, no megatron-core).
+# Needs: one CUDA GPU, python with a CUDA torch, transformers and pydantic (no megatron-core). With deepspeed
+# importable it also runs bench/trainer_step.py: the trainer's step (ZeRO-2 bf16, AdamW and LAMB) against the model's.
 #   bash bench/gpu.sh                 # all of it (~3-5 min on an H100/H200)
 #   STEPS=10 BATCH_TOKENS=8192 bash bench/gpu.sh
 #   SMOKE=1 bash bench/gpu.sh         # the same code on the CPU with tiny shapes (~30 s): checks the script, no figures
@@ -43,7 +44,8 @@ def sync():
 HEADS = {MLM: HeadSpec("mlm"), NSP: HeadSpec("sequence", 2)}
 name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (SMOKE=1: checks the script, no figures)"
 print(f"device: {name}, torch {torch.__version__}, transformers {transformers.__version__}, "
-      f"varlen attention: {choose_varlen_method(dev)}")
+      f"varlen attention: {choose_varlen_method(dev, torch.bfloat16)} (bf16), "
+      f"{choose_varlen_method(dev, torch.float32)} (fp32)")
 
 
 def bf16_peak(n=256 if SMOKE else 8192, reps=2 if SMOKE else 50):
@@ -86,8 +88,11 @@ with torch.no_grad():
     unpadded = PretrainingModel(cfg.replace(unpad=True), HEADS).to(dev).eval()
     unpadded.load_state_dict(ours.state_dict())
     real = mask.bool()
-    d = (unpadded(ids, mask)["hidden"][real] - ours(ids, mask)["hidden"][real]).abs().max().item()
-    print(f"unpad ({choose_varlen_method(dev)}) vs padded hidden: max |diff| {d:.2e}")
+    try:  # fp32 here: flash-attn has no fp32 kernel, so this takes the nested path on a GPU
+        d = (unpadded(ids, mask)["hidden"][real] - ours(ids, mask)["hidden"][real]).abs().max().item()
+        print(f"unpad ({choose_varlen_method(dev, torch.float32)}) vs padded hidden: max |diff| {d:.2e}")
+    except (RuntimeError, ImportError) as err:
+        print(f"unpad ({choose_varlen_method(dev, torch.float32)}): FAILED ({str(err).splitlines()[0]})")
     packing = pack(mask)
     qkv = torch.randn(int(mask.sum()), 3, cfg.num_heads, cfg.hidden_size // cfg.num_heads, device=dev,
                       dtype=torch.bfloat16)
@@ -165,3 +170,10 @@ for seq, padding in ((SEQS[0], 0.0), (SEQS[1], 0.0), (SEQS[1], 0.5)):
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 PY
+# The trainer's step (DeepSpeed ZeRO-2 bf16 engine + trainer.loop, AdamW and LAMB) against the bare model step.
+if python -c "import deepspeed" >/dev/null 2>&1; then
+    python bench/trainer_step.py $([ "$SMOKE" = 1 ] && echo --smoke) 2>&1 | grep -v "^\[20" | tee -a "${OUT:-/tmp}/gpu_bench.txt"
+else
+    echo "trainer steps: skipped (deepspeed is not importable; pip install deepspeed to measure them)" \
+        | tee -a "${OUT:-/tmp}/gpu_bench.txt"
+fi

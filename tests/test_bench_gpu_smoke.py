@@ -1,9 +1,13 @@
 """bench/gpu.sh waits for a GPU session with 15 minutes of device time: its every line runs here first, on the CPU
 with tiny shapes (SMOKE=1), so the first GPU run measures instead of failing on a typo."""
+import math
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,3 +28,15 @@ def test_gpu_bench_script_runs_end_to_end_on_cpu(tmp_path):
     # every configuration measured both models and printed a ratio (figures themselves mean nothing on a CPU)
     assert len(re.findall(r"ratio ours/hf: \d+\.\d+x", out)) == 4, out
     assert len(re.findall(r" (ours|  hf): +\d+\.\d ms/step", out)) == 8, out
+
+
+@pytest.mark.slow
+def test_trainer_step_bench_runs_on_cpu():
+    """bench/trainer_step.py (what gpu.sh runs when deepspeed is importable): ZeRO-2 bf16 engine with AdamW and LAMB
+    through the trainer's train_step, tiny shapes on the CPU."""
+    proc = subprocess.run([sys.executable, "bench/trainer_step.py", "--smoke"], cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    losses = [float(x) for x in re.findall(r"trainer step \((?:adamw|lamb), .*? loss (\S+)", proc.stdout)]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), proc.stdout
+    assert "model step" in proc.stdout
