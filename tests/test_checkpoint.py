@@ -163,3 +163,43 @@ def test_universal_conversion_waits_on_the_filesystem_not_in_a_collective(tmp_pa
     assert (out / ".complete").exists() and (out / "zero").is_dir()
     assert not (tag / f".{checkpoint.UNIVERSAL}.failed").exists()
     assert checkpoint.prepare_universal(tag, rank=1, wait_s=1, poll_s=0.05) == out
+
+
+def test_init_from_is_consolidated_once_by_rank_0(tmp_path, monkeypatch):
+    """checkpoint.init_from: rank 0 consolidates the source checkpoint and writes one file; another rank waits for
+    that file and reads it instead of consolidating every shard itself; the file is gone afterwards."""
+    import threading
+
+    import torch
+
+    source = tmp_path / "phase1" / "global_step9"
+    source.mkdir(parents=True)
+    (source / checkpoint.STATE_FILE).write_text(json.dumps({"config": {"x": 1}}))
+    calls = []
+
+    def consolidate(root, tag):
+        calls.append(tag)
+        time.sleep(0.3)
+        return {"w": torch.arange(4.0)}
+
+    import trainer.engine
+    monkeypatch.setattr(trainer.engine, "consolidated_fp32_state_dict", consolidate)
+    cache = tmp_path / "run"
+    got = {}
+    reader = threading.Thread(target=lambda: got.update(r1=checkpoint.init_weights(source, cache, rank=1, wait_s=30,
+                                                                                    poll_s=0.02)))
+    reader.start()
+    got["r0"] = checkpoint.init_weights(source, cache, rank=0)
+    reader.join()
+    assert calls == ["global_step9"]  # one consolidation, on rank 0
+    assert torch.equal(got["r0"]["w"], torch.arange(4.0)) and torch.equal(got["r1"]["w"], torch.arange(4.0))
+    assert not list(cache.glob("init_from_*.pt"))
+
+    def broken(root, tag):
+        raise OSError("shard missing")
+
+    monkeypatch.setattr(trainer.engine, "consolidated_fp32_state_dict", broken)
+    with pytest.raises(OSError, match="shard missing"):
+        checkpoint.init_weights(source, cache, rank=0)
+    with pytest.raises(RuntimeError, match="rank 0 failed to consolidate.*init_from.*OSError: shard missing"):
+        checkpoint.init_weights(source, cache, rank=1, wait_s=5, poll_s=0.02)

@@ -15,6 +15,7 @@ previous complete checkpoint, and ``--resume auto`` never picks a half-written o
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -210,19 +211,63 @@ def prepare_universal(tag_dir: Path, rank: int, wait_s: float | None = None, pol
         (tmp / ".complete").write_text("")
         os.replace(tmp, out)
     elif rank != 0:
-        deadline = time.monotonic() + (UNIVERSAL_WAIT_S if wait_s is None else wait_s)
-        while not (out / ".complete").exists():
-            if failed.exists():
-                raise RuntimeError(f"rank 0 failed to convert {tag_dir} to a universal checkpoint: "
-                                   f"{failed.read_text().strip()}")
-            if time.monotonic() > deadline:
-                waited = UNIVERSAL_WAIT_S if wait_s is None else wait_s
-                raise TimeoutError(f"rank {rank}: {out} did not appear within {waited:g} s "
-                                   "(rank 0 converts it; is the checkpoint folder on a filesystem every node "
-                                   "shares? raise BERTFAMILY_UNIVERSAL_WAIT_S for a very large model)")
-            time.sleep(poll_s)
+        _wait_for_rank0(out / ".complete", failed, rank, f"convert {tag_dir} to a universal checkpoint", out,
+                        wait_s, poll_s)
     _barrier()
     return out
+
+
+def _wait_for_rank0(done: Path, failed: Path, rank: int, what: str, shown: Path, wait_s: float | None,
+                    poll_s: float) -> None:
+    """Poll the shared filesystem until rank 0 has made ``done`` (or written its failure to ``failed``)."""
+    waited = UNIVERSAL_WAIT_S if wait_s is None else wait_s
+    deadline = time.monotonic() + waited
+    while not done.exists():
+        if failed.exists():
+            raise RuntimeError(f"rank 0 failed to {what}: {failed.read_text().strip()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: {shown} did not appear within {waited:g} s "
+                               "(rank 0 makes it; is the folder on a filesystem every node "
+                               "shares? raise BERTFAMILY_UNIVERSAL_WAIT_S for a very large model)")
+        time.sleep(poll_s)
+
+
+def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s: float | None = None,
+                 poll_s: float = 2.0) -> dict[str, torch.Tensor]:
+    """``checkpoint.init_from``'s consolidated fp32 weights, consolidated once per run.
+
+    Rank 0 runs the consolidation (``load_model_state``: every ZeRO shard of the source checkpoint) and writes one
+    file in ``cache_dir``; the other ranks wait for it on the shared filesystem (not in a collective: consolidating a
+    large model can outlast the process group's timeout) and read that file. Without this, 64 ranks would each read
+    every shard of the source, optimizer state included, through the shared filesystem. The file is named after
+    the resolved source checkpoint (a checkpoints folder means its newest complete one, which can change) and
+    removed once every rank has read it.
+    """
+    source = resolve_checkpoint(init_from)
+    cache_dir = Path(cache_dir)
+    key = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]
+    out = cache_dir / f"init_from_{key}.pt"
+    failed = cache_dir / f".init_from_{key}.failed"
+    if rank == 0:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        failed.unlink(missing_ok=True)
+    _barrier()
+    if rank == 0 and not out.exists():
+        try:
+            weights, _ = load_model_state(source)
+            tmp = out.with_suffix(".tmp")
+            torch.save(weights, tmp)
+            os.replace(tmp, out)
+        except BaseException as err:
+            failed.write_text(f"{type(err).__name__}: {err}\n")
+            raise
+    elif rank != 0:
+        _wait_for_rank0(out, failed, rank, f"consolidate {source} (checkpoint.init_from)", out, wait_s, poll_s)
+    weights = torch.load(out, map_location="cpu", weights_only=True)
+    _barrier()
+    if rank == 0:
+        out.unlink(missing_ok=True)
+    return weights
 
 
 def restore_rng(tag_dir: Path, rank: int, world_size: int, seed: int, step: int) -> None:
@@ -244,11 +289,17 @@ def load_model_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], dic
     ``ckpt_dir`` is one checkpoint (``.../global_stepN``) or a checkpoints folder (its newest complete one).
     """
     from trainer.engine import consolidated_fp32_state_dict  # deepspeed: loaded only by the calls that need it
+    path = resolve_checkpoint(ckpt_dir)
+    state = consolidated_fp32_state_dict(path.parent, path.name)
+    return state, read_state(path)["config"]
+
+
+def resolve_checkpoint(ckpt_dir: str | Path) -> Path:
+    """``ckpt_dir`` itself when it is a complete checkpoint, else the newest complete one inside it."""
     path = Path(ckpt_dir)
     if not is_complete(path):
         found = find_latest(path)
         if found is None:
             raise FileNotFoundError(f"{ckpt_dir}: not a complete checkpoint and holds none")
         path = found
-    state = consolidated_fp32_state_dict(path.parent, path.name)
-    return state, read_state(path)["config"]
+    return path

@@ -132,7 +132,7 @@ def run(args, cfg: RunConfig) -> int:
     checkpoint.seed_everything(cfg.seed)  # identical initial weights on every rank
     comps = build_components(cfg, rank, world_size, device)
     if resume_dir is None and cfg.checkpoint.init_from:
-        weights, _ = checkpoint.load_model_state(cfg.checkpoint.init_from)
+        weights = checkpoint.init_weights(cfg.checkpoint.init_from, Path(cfg.run_dir), rank)  # consolidated once
         missing, unexpected = comps.model.load_state_dict(weights, strict=False)
         print0(f"initialised from {cfg.checkpoint.init_from} (missing {list(missing)}, unexpected "
                f"{list(unexpected)})")
