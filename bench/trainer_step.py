@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     from trainer.metrics import peak_flops
     from trainer.models import get_preset
     from trainer.objectives import get_objective
-    from trainer.optim import OptimConfig, build_optimizer
+    from trainer.optim import OptimConfig
 
     ds_engine.init_distributed(10)
     device = ds_engine.device_name()
@@ -141,8 +141,9 @@ def main(argv=None) -> int:
     for name in ("adamw", "lamb"):
         torch.manual_seed(0)
         model = objective.build_model(cfg)
-        optimizer = build_optimizer(OptimConfig(name=name, lr=1e-4), model, device)
-        engine = ds_engine.Engine(model, optimizer, None, ds_config(batch_rows), lamb=name == "lamb")
+        ds = ds_config(batch_rows)
+        optimizer = ds_engine.build_optimizer(OptimConfig(name=name, lr=1e-4), model, device, ds)
+        engine = ds_engine.Engine(model, optimizer, None, ds)
         trainer = Trainer(cfg=None, engine=engine, comps=Components(model=model, loss=objective.loss,
                                                                     train_batches=lambda consumed: iter(())),
                           state=TrainState(), rank=0, world_size=1, grad_accum=1, metrics=None,

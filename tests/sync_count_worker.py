@@ -99,11 +99,11 @@ def batches(cfg, micro: int, accum: int, steps: int, packed: bool, padded: bool,
 def count_steps(layers: int, accum: int, unpad: bool, packed: bool, padded: bool, stage: int,
                 counter: SyncCounter) -> list[int]:
     from trainer.checkpoint import TrainState
-    from trainer.engine import Engine
+    from trainer.engine import Engine, build_optimizer
     from trainer.loop import Components, Trainer
     from trainer.models import get_preset
     from trainer.objectives import get_objective
-    from trainer.optim import OptimConfig, build_optimizer
+    from trainer.optim import OptimConfig
 
     torch.manual_seed(0)
     cfg = get_preset("tiny-roberta", num_layers=layers, unpad=unpad, max_position_embeddings=40)
@@ -114,7 +114,7 @@ def count_steps(layers: int, accum: int, unpad: bool, packed: bool, padded: bool
                  "train_batch_size": micro * accum, "gradient_clipping": 1.0,
                  "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
                  "steps_per_print": 2**31 - 1}
-    engine = Engine(model, build_optimizer(OptimConfig(lr=1e-3), model), None, ds_config)
+    engine = Engine(model, build_optimizer(OptimConfig(lr=1e-3), model, 'cpu', ds_config), None, ds_config)
     comps = Components(model=model, loss=objective.loss, train_batches=lambda consumed: iter(()))
     trainer = Trainer(cfg=None, engine=engine, comps=comps, state=TrainState(), rank=0, world_size=1,
                       grad_accum=accum, metrics=None, preempt=SimpleNamespace(requested=False))

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -23,8 +24,9 @@ import deepspeed
 from deepspeed.accelerator import get_accelerator
 
 from trainer.ds_json import ds_config_path, offloads_optimizer, precision, read_ds_json
+from trainer.log import warn0
 from trainer.optim import OptimConfig, zero_lamb
-from trainer.optim.build import NonFiniteGuard, build_optimizer as build_torch_optimizer
+from trainer.optim.build import GuardedAdamW, NonFiniteGuard, build_optimizer as build_torch_optimizer
 from trainer.optim.lamb import Lamb
 from trainer.optim.param_groups import param_groups
 
@@ -62,6 +64,11 @@ def init_distributed(timeout_minutes: float) -> tuple[int, int]:
     if not launched:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
+    if get_accelerator().device_name() != "cpu":
+        # This rank's GPU, before the process group and before any CUDA allocation (the optimizer is built before
+        # deepspeed.initialize): otherwise every rank opens a context on GPU 0 (~0.5 GB each; fatal when the GPUs
+        # are in exclusive-process mode).
+        get_accelerator().set_device(local_device_index())
     backend = "gloo" if get_accelerator().device_name() == "cpu" else get_accelerator().communication_backend_name()
     deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(minutes=timeout_minutes),
                                auto_mpi_discovery=True, verbose=False)
@@ -76,12 +83,32 @@ def shutdown() -> None:
         torch.distributed.destroy_process_group()
 
 
+def local_rank() -> int:
+    """This process's rank on its node: LOCAL_RANK (torchrun, the deepspeed launcher, our srun path), else Open MPI's
+    or Slurm's own variable (mpirun: DeepSpeed sets LOCAL_RANK from it only inside init_distributed), else 0."""
+    for key in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
+def local_device_index() -> int:
+    """The visible device this rank uses: its local rank modulo the devices it can see. torchrun with all 8 GPUs
+    visible: local rank 5 -> 5. Plain ``srun`` binding one GPU per task (CUDA_VISIBLE_DEVICES holds one):
+    SLURM_LOCALID 5 -> 0, the only device that task sees (cuda:5 would be out of range)."""
+    count = get_accelerator().device_count()
+    if count < 1:
+        raise RuntimeError(f"no {get_accelerator().device_name()} device is visible to rank {local_rank()} "
+                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+    return local_rank() % count
+
+
 def device_name() -> str:
-    """'cpu' or e.g. 'cuda:0' for this rank."""
+    """'cpu' or e.g. 'cuda:0' for this rank (``local_device_index``)."""
     acc = get_accelerator()
     if acc.device_name() == "cpu":
         return "cpu"
-    return f"{acc.device_name()}:{int(os.environ.get('LOCAL_RANK', 0))}"
+    return f"{acc.device_name()}:{local_device_index()}"
 
 
 def build_ds_config(cfg, world_size: int, grad_accum: int, load_universal: bool = False) -> dict:
@@ -122,7 +149,8 @@ def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str, ds_co
       DeepSpeed expects there: torch AdamW on CPU would be 5-7x slower, and FusedAdam cannot step CPU tensors).
       Same update rule as torch AdamW; the fp32 arithmetic differs in the last bits (tests/test_zero_offload.py).
       Compiles ``cpu_adam`` on first use (~75 s on 2 cores, then cached in TORCH_EXTENSIONS_DIR);
-    - ``adamw`` on a GPU: DeepSpeed's FusedAdam (multi-tensor CUDA kernel; on CPU it would compile for ~75 s);
+    - ``adamw`` on a GPU: DeepSpeed's FusedAdam (multi-tensor CUDA kernel) when its op is prebuilt or can be built
+      (``fused_adam_op_usable``), else torch's ``AdamW(fused=True)`` (same update rule, one fused kernel too);
     - otherwise (``adamw`` on CPU, ``lamb`` anywhere): ``trainer.optim.build.build_optimizer``.
     """
     if cfg.name == "adamw" and offloads_optimizer(ds_config):
@@ -132,12 +160,44 @@ def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str, ds_co
         return cls(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                    weight_decay=cfg.weight_decay, bias_correction=True, adamw_mode=True)
     if cfg.name == "adamw" and device.startswith("cuda"):
-        from deepspeed.ops.adam import FusedAdam
+        groups = param_groups(model, cfg.weight_decay)
+        usable, why = fused_adam_op_usable()
+        if usable:
+            try:
+                from deepspeed.ops.adam import FusedAdam
 
-        cls = type("GuardedFusedAdam", (NonFiniteGuard, FusedAdam), {})
-        return cls(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                   weight_decay=cfg.weight_decay, adam_w_mode=True)
+                cls = type("GuardedFusedAdam", (NonFiniteGuard, FusedAdam), {})
+                return cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                           adam_w_mode=True)
+            except Exception as err:  # noqa: BLE001  (a JIT build can fail in many ways: nvcc, ninja, a stale lock)
+                why = f"building it failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+        warn0(f"optimizer: DeepSpeed's FusedAdam is not usable ({why}); using torch's AdamW(fused=True) instead, "
+              "the same update rule. To use DeepSpeed's, install it with its ops prebuilt: "
+              "DS_BUILD_FUSED_ADAM=1 pip install deepspeed (README, 'GPU setup').")
+        return GuardedAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                            fused=True)
     return build_torch_optimizer(cfg, model)
+
+
+def fused_adam_op_usable() -> tuple[bool, str]:
+    """(whether DeepSpeed's fused_adam op can be loaded, how / why not), without loading it.
+
+    Prebuilt into the installed wheel (``DS_BUILD_FUSED_ADAM=1``): yes. Otherwise DeepSpeed JIT-compiles it on first
+    use, which needs nvcc (CUDA_HOME) and ninja: pip-installed torch ships no nvcc, so on most clusters this is
+    where every rank would raise. Even where it can build, every rank of a fresh node compiles into the shared
+    TORCH_EXTENSIONS_DIR at once (minutes; a killed build leaves a lock the next run waits on forever).
+    """
+    from deepspeed.git_version_info import accelerator_name, installed_ops
+    from torch.utils import cpp_extension
+
+    if installed_ops.get("fused_adam", False) and accelerator_name == get_accelerator()._name:
+        return True, "prebuilt"
+    cuda_home = cpp_extension.CUDA_HOME
+    if not cuda_home or not (Path(cuda_home) / "bin" / "nvcc").exists():
+        return False, "not prebuilt, and no nvcc to build it (CUDA_HOME unset or without bin/nvcc)"
+    if not cpp_extension.is_ninja_available():
+        return False, "not prebuilt, and ninja is not installed to build it"
+    return True, f"JIT build with {cuda_home}/bin/nvcc"
 
 
 class Engine:
@@ -146,8 +206,11 @@ class Engine:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, ds_config: dict):
         """``optimizer`` from ``build_optimizer`` and ``ds_config`` from ``build_ds_config`` (the same dict)."""
         self.ds_config = ds_config
+        # device_rank: the device init_distributed selected. Without it DeepSpeed calls set_device(LOCAL_RANK),
+        # out of range under srun with one visible GPU per task.
+        args = None if get_accelerator().device_name() == "cpu" else SimpleNamespace(device_rank=local_device_index())
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+            args=args, model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
         if isinstance(optimizer, Lamb) and self.zero_stage > 0:
             # A ZeRO-partitioned LAMB needs the partition layout to compute per-parameter trust ratios.
             zero_lamb.bind_zero_layout(self.engine)
@@ -177,6 +240,22 @@ class Engine:
     def step_applied(self) -> bool:
         """False when the last optimizer step was skipped (non-finite gradients or fp16 overflow)."""
         return self.engine.was_step_applied()
+
+    def unhandled_nonfinite_step(self) -> bool:
+        """True when the last optimizer step was skipped for non-finite gradients that nothing handled.
+
+        In fp32/bf16 that is every skip (the non-finite guard's). In fp16 a skip is usually DeepSpeed's dynamic loss
+        scaler at work: it halves the scale and skips the step, routinely several times at the start of training
+        (initial scale 2^16, hysteresis 2), so it is not counted; only a skip at the minimum loss scale (or with a
+        static scale) is, when the scaler can do nothing more. A non-finite *loss* is counted by the loop anyway.
+        """
+        if self.engine.was_step_applied():
+            return False
+        fp16 = self.ds_config.get("fp16") or {}
+        if not fp16.get("enabled"):
+            return True
+        dynamic = fp16.get("loss_scale", 0) == 0
+        return not dynamic or self.loss_scale() <= fp16.get("min_loss_scale", 1)
 
     def lr(self) -> float:
         return self.engine.get_lr()[0]

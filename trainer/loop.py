@@ -112,7 +112,8 @@ class Trainer:
             for k, v in metrics.items():
                 metric_sums[k] = metric_sums.get(k, 0.0) + torch.as_tensor(v, device=device).detach().double()
         keys = sorted(metric_sums)
-        flags = torch.tensor([float(not self.engine.step_applied()), float(self.preempt.requested)],
+        # fp16 loss-scale overflow skips are the scaler's routine, not a non-finite step (Engine docstring)
+        flags = torch.tensor([float(self.engine.unhandled_nonfinite_step()), float(self.preempt.requested)],
                              dtype=torch.float64, device=device)
         # One collective for everything the ranks must agree on (on the device: NCCL reduces only device tensors).
         # note: the .tolist() below is the step's one device-to-host sync point.

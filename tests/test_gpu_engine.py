@@ -1,0 +1,255 @@
+"""trainer/engine.py's GPU decisions on the CPU, against a fake CUDA accelerator (issue 15): which device each rank
+takes (torchrun, srun with one visible GPU per task, mpirun), that it takes it before the process group exists,
+the optimizer when DeepSpeed's FusedAdam op cannot be built, and fp16 loss-scaler skips in the non-finite guard."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import trainer.engine as eng
+from trainer.loop import Components, NonFiniteLossError, Trainer
+from trainer.checkpoint import TrainState
+from trainer.metrics import MetricsLogger
+from trainer.optim import OptimConfig
+from trainer.optim.build import GuardedAdamW
+
+LAUNCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_SIZE",
+               "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_LOCALID",
+               "SLURM_STEP_NUM_TASKS", "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES")
+
+
+class FakeCuda:
+    """The parts of DeepSpeed's CUDA accelerator that trainer/engine.py calls."""
+
+    _name = "cuda"
+
+    def __init__(self, count: int):
+        self.count = count
+        self.calls: list = []
+
+    def device_name(self, index=None):
+        return "cuda" if index is None else f"cuda:{index}"
+
+    def device_count(self):
+        return self.count
+
+    def set_device(self, index):
+        self.calls.append(("set_device", index))
+
+    def communication_backend_name(self):
+        return "nccl"
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    for key in LAUNCH_KEYS:  # restored after the test, whatever init_distributed writes
+        monkeypatch.setenv(key, "x")
+        monkeypatch.delenv(key)
+
+    def make(count: int) -> FakeCuda:
+        acc = FakeCuda(count)
+        monkeypatch.setattr(eng, "get_accelerator", lambda: acc)
+        monkeypatch.setattr(eng.deepspeed, "init_distributed",
+                            lambda dist_backend, **kw: acc.calls.append(("init_process_group", dist_backend)))
+        monkeypatch.setattr(torch.distributed, "get_rank", lambda: int(os.environ["RANK"]))
+        monkeypatch.setattr(torch.distributed, "get_world_size", lambda: int(os.environ["WORLD_SIZE"]))
+        return acc
+
+    return make
+
+
+# ---------------------------------------------------------------------------------------------- device per rank
+def test_torchrun_rank_takes_its_local_gpu_before_the_process_group(fake_cuda, monkeypatch):
+    acc = fake_cuda(8)
+    monkeypatch.setenv("RANK", "13")
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    assert eng.init_distributed(1) == (13, 16)
+    assert acc.calls == [("set_device", 5), ("init_process_group", "nccl")]
+    assert eng.device_name() == "cuda:5"
+
+
+def test_plain_srun_with_one_visible_gpu_per_task_maps_to_device_0(fake_cuda, monkeypatch):
+    acc = fake_cuda(1)  # Slurm bound one GPU to this task: CUDA_VISIBLE_DEVICES holds one
+    monkeypatch.setenv("SLURM_PROCID", "13")
+    monkeypatch.setenv("SLURM_LOCALID", "5")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "16")
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    assert eng.init_distributed(1) == (13, 16)
+    assert os.environ["LOCAL_RANK"] == "5"  # the node-local rank itself is kept
+    assert acc.calls == [("set_device", 0), ("init_process_group", "nccl")]
+    assert eng.device_name() == "cuda:0"
+
+
+def test_srun_with_all_gpus_visible_and_mpirun_use_the_local_rank(fake_cuda, monkeypatch):
+    acc = fake_cuda(4)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "8")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3")
+    monkeypatch.setenv("RANK", "7")  # DeepSpeed's MPI discovery sets these; the fake does not
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    eng.init_distributed(1)
+    assert acc.calls[0] == ("set_device", 3)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    acc.count = 0
+    with pytest.raises(RuntimeError, match="no cuda device is visible to rank 3.*CUDA_VISIBLE_DEVICES"):
+        eng.local_device_index()
+
+
+def test_engine_tells_deepspeed_the_selected_device(fake_cuda, monkeypatch):
+    fake_cuda(1)
+    monkeypatch.setenv("LOCAL_RANK", "6")
+    seen = {}
+
+    def initialize(args=None, **kwargs):
+        seen["device_rank"] = args.device_rank
+        return SimpleNamespace(), kwargs["optimizer"], None, kwargs["lr_scheduler"]
+
+    monkeypatch.setattr(eng.deepspeed, "initialize", initialize)
+    model = torch.nn.Linear(2, 2)
+    eng.Engine(model, torch.optim.SGD(model.parameters(), lr=0.1), None, {})
+    assert seen["device_rank"] == 0  # not DeepSpeed's set_device(LOCAL_RANK=6): out of range with one GPU
+
+
+# ---------------------------------------------------------------------------------------- optimizer fallback
+@pytest.fixture
+def cuda_optimizer(fake_cuda, monkeypatch, tmp_path):
+    """build_optimizer for 'cuda:0' with the fused_adam op prebuilt or not, and nvcc present or not."""
+    import deepspeed.git_version_info as info
+    import deepspeed.ops.adam
+    from torch.utils import cpp_extension
+
+    fake_cuda(1)
+    monkeypatch.setattr(info, "accelerator_name", "cuda")
+    built = []
+
+    class FakeFusedAdam(torch.optim.AdamW):
+        def __init__(self, params, adam_w_mode=True, **kwargs):
+            if fail:
+                raise RuntimeError(fail)
+            built.append(adam_w_mode)
+            super().__init__(params, **kwargs)
+
+    monkeypatch.setattr(deepspeed.ops.adam, "FusedAdam", FakeFusedAdam)
+    fail = None
+
+    def build(prebuilt: bool, nvcc: bool, build_error: str | None = None):
+        nonlocal fail
+        fail = build_error
+        monkeypatch.setattr(info, "installed_ops", {"fused_adam": prebuilt})
+        home = tmp_path / "cuda"
+        if nvcc:
+            (home / "bin").mkdir(parents=True, exist_ok=True)
+            (home / "bin" / "nvcc").write_text("")
+        monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(home) if nvcc else None)
+        monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: True)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+        return eng.build_optimizer(OptimConfig(lr=1e-3), model, "cuda:0", {}), built
+
+    return build
+
+
+def test_fused_adam_is_used_when_prebuilt_or_buildable(cuda_optimizer):
+    opt, built = cuda_optimizer(prebuilt=True, nvcc=False)
+    assert type(opt).__name__ == "GuardedFusedAdam" and built == [True]
+    opt, built = cuda_optimizer(prebuilt=False, nvcc=True)
+    assert type(opt).__name__ == "GuardedFusedAdam" and len(built) == 2
+
+
+def test_without_nvcc_the_optimizer_is_torch_fused_adamw(cuda_optimizer, capsys):
+    opt, built = cuda_optimizer(prebuilt=False, nvcc=False)
+    assert isinstance(opt, GuardedAdamW) and opt.defaults["fused"] is True and built == []
+    assert [len(g["params"]) for g in opt.param_groups] == [1, 3]  # still no decay for biases and norms
+    err = capsys.readouterr().err
+    assert "no nvcc" in err and "DS_BUILD_FUSED_ADAM=1" in err
+
+
+def test_a_failing_fused_adam_build_falls_back_with_the_reason(cuda_optimizer, capsys):
+    opt, built = cuda_optimizer(prebuilt=False, nvcc=True, build_error="Error building extension 'fused_adam'")
+    assert isinstance(opt, GuardedAdamW) and opt.defaults["fused"] is True
+    err = capsys.readouterr().err
+    assert "building it failed (RuntimeError: Error building extension 'fused_adam')" in err
+    assert "DS_BUILD_FUSED_ADAM=1" in err
+
+
+# ----------------------------------------------------------------------------------- fp16 loss-scaler skips
+class FakeDeepSpeedFp16:
+    """A DeepSpeed engine in fp16 as trainer.engine.Engine sees it; ``script`` gives, per optimizer step,
+    (step applied, loss scale after the step, loss)."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.i = -1
+        self.optimizer = SimpleNamespace(cur_scale=2.0**16)
+
+    def step(self):
+        self.i += 1
+        self.optimizer.cur_scale = self.script[self.i][1]
+
+    def was_step_applied(self):
+        return self.script[self.i][0]
+
+    def backward(self, loss):
+        pass
+
+    def get_lr(self):
+        return [1e-4]
+
+    def get_global_grad_norm(self):
+        return 1.0
+
+    def train(self, mode=True):
+        pass
+
+
+def run_fake(tmp_path, script, fp16=True, min_loss_scale=1):
+    fake = FakeDeepSpeedFp16(script)
+    engine = eng.Engine.__new__(eng.Engine)
+    engine.engine = fake
+    engine.ds_config = {"fp16": {"enabled": fp16, "loss_scale": 0, "min_loss_scale": min_loss_scale},
+                        "bf16": {"enabled": not fp16}}
+    cfg = SimpleNamespace(run_dir=str(tmp_path),
+                          train=SimpleNamespace(steps=len(script), global_batch_size=2, eval_every=0,
+                                                stop_at_step=None, max_nonfinite_in_a_row=5),
+                          logging=SimpleNamespace(every_steps=1, tensorboard=False, progress_bar=False),
+                          checkpoint=SimpleNamespace(every_steps=0, save_at_end=False))
+
+    def batches(consumed):
+        while True:
+            yield {"input_ids": torch.ones(2, 4, dtype=torch.long)}
+
+    def loss(model, batch):
+        return torch.tensor(fake.script[fake.i + 1][2]), {}
+
+    trainer = Trainer(cfg=cfg, engine=engine, comps=Components(model=None, loss=loss, train_batches=batches),
+                      state=TrainState(), rank=1, world_size=1, grad_accum=1,
+                      metrics=MetricsLogger(tmp_path, cfg.logging, 1, len(script), 0),
+                      preempt=SimpleNamespace(requested=False))
+    return trainer
+
+
+def test_fp16_overflow_skips_with_a_falling_loss_scale_do_not_stop_the_run(tmp_path):
+    # 2^16 -> 2^9: seven skips in a row at the start of an fp16 run, then the scale fits and steps apply
+    script = [(False, 2.0 ** (15 - k), 7.0) for k in range(7)] + [(True, 2.0**9, 6.9)] * 3
+    trainer = run_fake(tmp_path, script)
+    assert trainer.train() == 0
+    assert trainer.state.step == 10 and trainer.state.skipped_steps == 0
+
+
+def test_fp16_skips_the_scaler_cannot_handle_still_stop_the_run(tmp_path):
+    at_minimum = [(True, 1.0, 7.0)] + [(False, 1.0, 7.0)] * 6  # overflow at the minimum scale: nothing left to do
+    trainer = run_fake(tmp_path, at_minimum)
+    with pytest.raises(NonFiniteLossError, match="5 steps in a row"):
+        trainer.train()
+    nan_loss = [(False, 2.0 ** (15 - k), float("nan")) for k in range(7)]  # a NaN loss is no overflow
+    with pytest.raises(NonFiniteLossError, match="5 steps in a row"):
+        run_fake(tmp_path, nan_loss).train()
+    bf16_guard = [(False, 1.0, 7.0)] * 7  # bf16: every skip is the non-finite guard's
+    with pytest.raises(NonFiniteLossError, match="5 steps in a row"):
+        run_fake(tmp_path, bf16_guard, fp16=False).train()
