@@ -131,8 +131,8 @@ def main(argv=None) -> int:
         opt.zero_grad(set_to_none=True)
 
     reference = timed(model_step)
-    print(f"  model step (autocast bf16, AdamW fused): {reference * 1e3:8.1f} ms/step  MFU {flops / reference / peak:6.1%}",
-          flush=True)
+    print(f"  model step (autocast bf16, AdamW fused): {reference * 1e3:8.1f} ms/step  "
+          f"MFU {flops / reference / peak:6.1%}", flush=True)
     del model, opt
     if cuda:
         torch.cuda.empty_cache()

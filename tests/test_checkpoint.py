@@ -186,6 +186,8 @@ def test_init_from_is_consolidated_once_by_rank_0(tmp_path, monkeypatch):
     monkeypatch.setattr(trainer.engine, "consolidated_fp32_state_dict", consolidate)
     cache = tmp_path / "run"
     got = {}
+    ranks = threading.Barrier(2)  # the process group's barrier, for two ranks running as threads
+    monkeypatch.setattr(checkpoint, "_barrier", lambda: ranks.wait(timeout=60))
     reader = threading.Thread(target=lambda: got.update(r1=checkpoint.init_weights(source, cache, rank=1, wait_s=30,
                                                                                     poll_s=0.02)))
     reader.start()
@@ -199,6 +201,7 @@ def test_init_from_is_consolidated_once_by_rank_0(tmp_path, monkeypatch):
         raise OSError("shard missing")
 
     monkeypatch.setattr(trainer.engine, "consolidated_fp32_state_dict", broken)
+    monkeypatch.setattr(checkpoint, "_barrier", lambda: None)  # one rank at a time below
     with pytest.raises(OSError, match="shard missing"):
         checkpoint.init_weights(source, cache, rank=0)
     with pytest.raises(RuntimeError, match="rank 0 failed to consolidate.*init_from.*OSError: shard missing"):

@@ -107,6 +107,17 @@ def test_ds_config_problems_fail_early(tmp_path):
         build_ds_config(cfg, 1, 8)
 
 
+def test_grad_accum_dtype_the_zero_stage_cannot_do_is_refused_at_validation():
+    """zero2_bf16.json (bf16 weights, fp32 gradient accumulation) at zero_stage 0 makes DeepSpeed raise "unsupported
+    mix of model_dtype and grad_accum_dtype" on every rank; validation refuses it with what to do instead."""
+    bf16 = {**RAW, "deepspeed": {"config": "ds_configs/zero2_bf16.json", "zero_stage": 0}}
+    with pytest.raises(ConfigError, match="grad_accum_dtype.*not at ZeRO stage 0; use deepspeed.zero_stage 1"):
+        cfg_of(bf16)
+    for stage in (1, 2, 3):
+        cfg_of({**RAW, "deepspeed": {"config": "ds_configs/zero2_bf16.json", "zero_stage": stage}})
+    cfg_of({**RAW, "deepspeed": {"config": "ds_configs/zero0.json", "precision": "bf16"}})  # no grad_accum_dtype
+
+
 def test_ds_config_is_filled_from_the_recipe():
     from trainer.engine import build_ds_config
     cfg = cfg_of({**RAW, "deepspeed": {"config": "ds_configs/zero2_bf16.json"}})

@@ -231,23 +231,3 @@ def test_param_groups_recognise_a_custom_norm_module_by_type():
 def test_bad_hyperparameters_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         Lamb([nn.Parameter(torch.zeros(2))], **kwargs)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (DeepSpeed's FusedLamb)")
-def test_fused_lamb_matches_ours_without_bias_correction():
-    from trainer.optim.zero_lamb import fused_lamb_or_none
-    torch.manual_seed(0)
-    model = Small().cuda()
-    twin = copy.deepcopy(model)
-    hp = dict(lr=1e-2, weight_decay=0.01, bias_correction=False)
-    fused = fused_lamb_or_none(param_groups(model, 0.01, mark_trust_ratio=True), **hp)
-    assert fused is not None
-    ours = Lamb(param_groups(twin, 0.01, mark_trust_ratio=True), **hp)
-    for step in range(10):
-        for m, o in ((model, fused), (twin, ours)):
-            o.zero_grad()
-            _loss(m, step).backward()
-            o.step()
-    for p, q in zip(model.parameters(), twin.parameters()):
-        torch.testing.assert_close(p, q, rtol=0, atol=1e-5)

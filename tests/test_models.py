@@ -2,11 +2,10 @@
 checkpointing, the unpadded path, ELECTRA's generator/discriminator wiring, extra embedding tables."""
 import pytest
 import torch
-from torch import nn
 
 from trainer.models import (MLM, NSP, ElectraPretrainingModel, Encoder, HeadSpec, PretrainingModel,
                             count_parameters, flat_positions, get_preset)
-from trainer.models.kernels import fuse_layer_norms, pack, varlen_attention
+from trainer.models.kernels import pack, varlen_attention
 
 HEADS = {MLM: HeadSpec("mlm"), NSP: HeadSpec("sequence", 2)}
 
@@ -242,13 +241,6 @@ def test_padding_row_of_word_embeddings_gets_no_gradient():
     ids, mask, _ = padded_batch(cfg)
     enc(ids, mask).sum().backward()
     assert (enc.embeddings.word.weight.grad[cfg.pad_token_id] == 0).all()
-
-
-def test_fused_layer_norm_swap_is_a_no_op_on_cpu():
-    model = Encoder(get_preset("tiny"))
-    before = sum(isinstance(m, nn.LayerNorm) for m in model.modules())
-    assert fuse_layer_norms(model) == 0
-    assert sum(isinstance(m, nn.LayerNorm) for m in model.modules()) == before
 
 
 # ------------------------------------------------------------------------------------------- packed samples

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainer.config import RECIPES_DIR, load_config, validate_batch
-from trainer.ds_json import precision
+from trainer.ds_json import precision, read_ds_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,6 +47,8 @@ def test_paper_recipe_has_the_papers_hyperparameters(name):
     assert cfg.data.masking.rate == (0.25 if name == "electra_large" else 0.15)
     assert precision(cfg) == "bf16"
     validate_batch(cfg, 1)
+    # LAMB's trust ratios at 64+ ranks: gradients are reduced in fp32, not DeepSpeed's default bf16
+    assert (read_ds_json(cfg).get("communication_data_type") == "fp32") == (optim == "lamb")
 
 
 def test_every_recipe_file_is_covered():

@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainer.data.config import DataConfig
-from trainer.ds_json import ds_config_path, offload_problem, precision, read_ds_json
+from trainer.ds_json import ds_config_path, grad_accum_problem, offload_problem, precision, read_ds_json
 from trainer.models.config import ModelConfig
 from trainer.models.presets import get_preset
 from trainer.objectives import ObjectiveConfig, check_data_requirements
@@ -275,6 +275,9 @@ def config_from_dict(raw: dict, source: str = "config", world_size: int | None =
         raise ConfigError(f"{source}: {err}") from None
     problem = offload_problem(cfg.optim, ds_json, str(ds_path))
     if problem:  # LAMB under optimizer offload: refused before any process starts (exit 2)
+        raise ConfigError(f"{source}: {problem}")
+    problem = grad_accum_problem(cfg, ds_json, str(ds_path))
+    if problem:  # e.g. zero2_bf16.json at zero_stage 0: DeepSpeed would raise on every rank after start-up
         raise ConfigError(f"{source}: {problem}")
     try:  # the objective says which sample format it needs; a mismatch with data fails here, not at step 1
         check_data_requirements(cfg.objective, cfg.data)

@@ -78,3 +78,20 @@ def offload_problem(optim_cfg, ds_json: dict, source: str = "deepspeed.config") 
                 "offload (ds_configs/zero2.json or zero3.json: ZeRO already partitions LAMB's state over the ranks), "
                 "or optim.name=adamw, which offloads as DeepSpeedCPUAdam")
     return None
+
+
+def grad_accum_problem(cfg, ds_json: dict, source: str = "deepspeed.config") -> str | None:
+    """Why DeepSpeed would refuse ``ds_json``'s gradient-accumulation dtype at the run's ZeRO stage, or None.
+
+    ``data_types.grad_accum_dtype`` different from the model's dtype (``zero2_bf16.json``: bf16 weights, fp32
+    gradients) is something only the ZeRO optimizers (stages 1-3) implement; at stage 0 DeepSpeed raises
+    "unsupported mix of model_dtype and grad_accum_dtype" after every rank has started. Refused at validation.
+    """
+    accum = (ds_json.get("data_types") or {}).get("grad_accum_dtype")
+    prec = precision(cfg, ds_json)
+    if accum is None or zero_stage(cfg, ds_json) != 0 or accum == prec:
+        return None
+    return (f"deepspeed.config: {source} accumulates gradients in {accum} (data_types.grad_accum_dtype) for "
+            f"{prec} weights, which DeepSpeed supports only under ZeRO (stages 1-3), not at ZeRO stage 0; use "
+            "deepspeed.zero_stage 1 or more (stage 1 partitions only the optimizer state), or a config without "
+            f"data_types.grad_accum_dtype (gradients then accumulate in {prec})")

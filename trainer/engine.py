@@ -237,10 +237,6 @@ class Engine:
     def step(self) -> None:
         self.engine.step()
 
-    def step_applied(self) -> bool:
-        """False when the last optimizer step was skipped (non-finite gradients or fp16 overflow)."""
-        return self.engine.was_step_applied()
-
     def unhandled_nonfinite_step(self) -> bool:
         """True when the last optimizer step was skipped for non-finite gradients that nothing handled.
 

@@ -11,11 +11,9 @@
   the host (token count, max/min sequence length, whether anything is padded) is a Python value. The training loop
   calls ``attach_packing`` on the collated batch while it is still on the CPU, so the model needs no device->host
   sync to learn them; built on the device instead (``pack`` of a CUDA mask), it costs 3 syncs per forward.
-- Fused LayerNorm from apex, swapped in only when apex is importable and the module is on a GPU. Recent PyTorch
-  LayerNorm kernels are about as fast, so this is a small win at best; apex is usually absent (it is not on PyPI).
 
-Fused Adam is not here: the optimizer is built by ``trainer/optim`` and DeepSpeed's fused Adam is chosen in
-``trainer/engine.py``.
+No fused LayerNorm: recent PyTorch LayerNorm kernels are about as fast as apex's (not on PyPI), so torch's is used.
+Fused Adam is not here either: ``trainer/engine.py`` chooses the optimizer.
 """
 from __future__ import annotations
 
@@ -23,7 +21,6 @@ from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 VARLEN_METHODS = ("flash", "nested", "padded")
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
@@ -166,22 +163,3 @@ def varlen_attention(qkv: torch.Tensor, packing: Packing, dropout_p: float = 0.0
     q, k, v = grid.view(packing.batch, packing.seqlen, 3, heads, dim).permute(2, 0, 3, 1, 4).unbind(0)
     ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.key_mask, dropout_p=dropout_p)
     return ctx.transpose(1, 2).reshape(packing.batch * packing.seqlen, heads, dim).index_select(0, packing.indices)
-
-
-def fuse_layer_norms(module: nn.Module) -> int:
-    """Replace every nn.LayerNorm in ``module`` by apex's FusedLayerNorm (same weights) when apex is installed and
-    the module is on a GPU. Returns how many were replaced (0 on CPU or without apex). Call after moving to device."""
-    try:
-        from apex.normalization import FusedLayerNorm
-    except ImportError:
-        return 0
-    replaced = 0
-    for parent in list(module.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.LayerNorm and child.weight is not None and child.weight.is_cuda:
-                fused = FusedLayerNorm(child.normalized_shape, eps=child.eps).to(child.weight.device,
-                                                                                 child.weight.dtype)
-                fused.load_state_dict(child.state_dict())
-                setattr(parent, name, fused)
-                replaced += 1
-    return replaced

@@ -25,8 +25,8 @@ global norm (``gradient_clipping``) and unscales fp16 gradients before it calls 
 
 Why our own and not a library's: torch has no LAMB; DeepSpeed's ``FusedLamb`` is CUDA-only, one kernel launch per
 tensor, has no per-group trust-ratio exclusion and applies bias correction outside the trust ratio (so with it on, its
-first steps are ~3x smaller than the reference's); none is aware of ZeRO partitions. ``trainer.optim.zero_lamb.
-fused_lamb_or_none`` still hands out ``FusedLamb`` on GPU in the one setting where its arithmetic is the reference's.
+first steps are ~3x smaller than the reference's); none is aware of ZeRO partitions. (It matches ours only without
+bias correction and without ZeRO, which no recipe uses, so it is not offered.)
 
 ZeRO: DeepSpeed gives a client optimizer flat fp32 partitions, not parameters, so a per-tensor ratio would be computed
 over pieces of several parameters (wrong, and different for every world size). ``bind_zero_layout(engine)`` attaches a

@@ -16,7 +16,6 @@ DeepSpeed 0.19.8; ``tests/test_lamb_zero.py`` fails (rather than training silent
   DeepSpeed steps the client optimizer once per sub-group (with only that tensor in its group).
 - No ZeRO with fp32, or the unfused fp16/bf16 wrapper: the optimizer sees whole parameters; nothing to bind.
 
-``fused_lamb_or_none`` is here too because it is the other DeepSpeed-specific piece of LAMB.
 """
 from __future__ import annotations
 
@@ -132,25 +131,3 @@ def bind_zero_layout(engine) -> PartitionLayout | None:
         layout = None  # whole parameters: the per-tensor ratio is already the per-parameter one
     lamb.partition_layout = layout
     return layout
-
-
-def fused_lamb_or_none(groups: list[dict], lr: float, betas=(0.9, 0.999), eps: float = 1e-6,
-                       weight_decay: float = 0.0, bias_correction: bool = True,
-                       max_trust_ratio: float | None = None) -> torch.optim.Optimizer | None:
-    """DeepSpeed's CUDA ``FusedLamb`` where its arithmetic equals ``Lamb``'s, else None (use ``Lamb``).
-
-    Only for an engine without ZeRO partitions. Equal only with ``bias_correction=False`` (ALBERT's setting):
-    FusedLamb applies bias correction outside the trust ratio. Exclusion from the ratio is its clamp range [1, 1].
-    Not exercised on this project's CPU CI (the op needs CUDA); ``tests/test_lamb.py`` compares it on a GPU.
-    """
-    if bias_correction or not torch.cuda.is_available():
-        return None
-    from deepspeed.ops.lamb import FusedLamb
-    fused = []
-    for group in groups:
-        group = dict(group)
-        if group.pop("exclude_from_trust_ratio", False):
-            group["max_coeff"], group["min_coeff"] = 1.0, 1.0
-        fused.append(group)
-    return FusedLamb(fused, lr=lr, bias_correction=False, betas=betas, eps=eps, weight_decay=weight_decay,
-                     max_coeff=max_trust_ratio if max_trust_ratio is not None else float("inf"), min_coeff=0.0)
