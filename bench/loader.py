@@ -19,8 +19,9 @@ data_prep/train_tokenizer.py), in one process with one torch thread, in the same
   length cut from the same shard (no sample construction: it does less work), given what a Hugging Face pipeline
   gives it: the tokenizer's output with ``special_tokens_mask`` (``run_mlm.py`` tokenizes with
   ``return_special_tokens_mask=True``), as tensors. Without the mask the collator calls
-  ``get_special_tokens_mask`` per row, token by token in Python; that variant ("hf lists": bare ``input_ids``
-  lists, what this benchmark gave it at first) is timed too, to show the difference.
+  ``get_special_tokens_mask`` per row, token by token in Python. Three forms are timed (see ``hf_examples``):
+  tensors with the mask, lists with the mask (what ``run_mlm.py``'s dataset gives by default), bare ``input_ids``
+  lists (what this benchmark gave it at first).
 
 Reported: samples/s for each at seq 128 and 512 (median of ``--repeats`` interleaved rounds) and our ratio to each.
 Index building (ours and megatron's), the Hugging Face examples and the first touch of the shard happen before
@@ -146,11 +147,15 @@ def bench_megatron(tok, prefix, seq: int, n: int, cache: Path) -> float:
     return n / (time.perf_counter() - t)
 
 
-def hf_examples(tok, prefix, seq: int, n: int, tensors: bool = True) -> list[dict]:
-    """Ready-made rows of ``seq`` tokens ([CLS] body [SEP]) cut from the shard, as a Hugging Face pipeline hands them
-    to its collator: the tokenizer's output with ``special_tokens_mask`` (``return_special_tokens_mask=True``, what
-    ``run_mlm.py`` asks for), as tensors. ``tensors=False`` gives the bare ``input_ids`` lists the first version of
-    this benchmark used, which make the collator build the mask token by token in Python."""
+def hf_examples(tok, prefix, seq: int, n: int, form: str = "tensors") -> list[dict]:
+    """Ready-made rows of ``seq`` tokens ([CLS] body [SEP]) cut from the shard, in one of the forms a Hugging Face
+    pipeline hands its collator:
+
+    - "tensors": the tokenizer's output with ``special_tokens_mask`` (``return_special_tokens_mask=True``, what
+      ``run_mlm.py`` asks for), as tensors (a dataset with ``set_format("torch")``);
+    - "lists": the same as Python lists (what ``run_mlm.py``'s dataset gives the Trainer's DataLoader by default);
+    - "bare": ``input_ids`` lists without the mask (what this benchmark gave it at first), which makes the collator
+      build the mask row by row in Python (``get_special_tokens_mask``)."""
     import torch
 
     from trainer.data.corpus import IndexedCorpus
@@ -160,13 +165,15 @@ def hf_examples(tok, prefix, seq: int, n: int, tensors: bool = True) -> list[dic
     body = seq - 2
     rows = [[tok.cls_id] + flat[i * body:(i + 1) * body].tolist() + [tok.sep_id]
             for i in range(min(n, len(flat) // body))]
-    if not tensors:
-        return [{"input_ids": rows[i % len(rows)]} for i in range(n)]
-    hf_tok = _hf_tokenizer(tok)
-    # The mask the tokenizer itself gives for these ids (1 at [CLS]/[SEP]), computed once per row, untimed.
-    made = [{"input_ids": torch.tensor(r),
-             "special_tokens_mask": torch.tensor(hf_tok.get_special_tokens_mask(r, already_has_special_tokens=True))}
-            for r in rows]
+    if form == "bare":
+        made = [{"input_ids": r} for r in rows]
+    else:
+        hf_tok = _hf_tokenizer(tok)
+        # The mask the tokenizer itself gives for these ids (1 at [CLS]/[SEP]), computed once per row, untimed.
+        made = [{"input_ids": r, "special_tokens_mask": hf_tok.get_special_tokens_mask(r, already_has_special_tokens=True)}
+                for r in rows]
+        if form == "tensors":
+            made = [{k: torch.tensor(v) for k, v in m.items()} for m in made]
     return [made[i % len(made)] for i in range(n)]
 
 
@@ -204,19 +211,19 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         tok, prefix = prepare(out, args.vocab_size)
         print(f"corpus: {en_corpus().name}, tokenizer wordpiece {tok.vocab_size}, {args.samples} samples per measurement")
-        print(f"{'seq':>5} {'ours/s':>9} {'megatron/s':>11} {'hf/s':>9} {'hf lists/s':>11} {'ours/megatron':>14} "
-              f"{'ours/hf':>8} {'ours/hf lists':>14}")
+        forms = ("tensors", "lists", "bare")
+        print(f"{'seq':>5} {'ours/s':>9} {'megatron/s':>11} " + " ".join(f"{'hf ' + f + '/s':>14}" for f in forms)
+              + f" {'ours/megatron':>14} " + " ".join(f"{'ours/hf ' + f:>15}" for f in forms))
         for seq in (128, 512):
-            hf_tensors = hf_examples(tok, prefix, seq, args.samples)
-            hf_lists = hf_examples(tok, prefix, seq, args.samples, tensors=False)
+            examples = [hf_examples(tok, prefix, seq, args.samples, form) for form in forms]
             rounds = []
             for _ in range(args.repeats):  # interleaved, so load drifting on a shared machine hits all alike
                 rounds.append((bench_ours(tok, prefix, seq, args.samples, out / "cache_ours"),
                                bench_megatron(tok, prefix, seq, args.samples, out / "cache_megatron"),
-                               bench_hf(tok, hf_tensors), bench_hf(tok, hf_lists)))
-            ours, meg, hf, hfl = np.median(np.array(rounds), axis=0)
-            print(f"{seq:>5} {ours:>9.0f} {meg:>11.0f} {hf:>9.0f} {hfl:>11.0f} {ours / meg:>14.2f} {ours / hf:>8.2f} "
-                  f"{ours / hfl:>14.2f}", flush=True)
+                               *(bench_hf(tok, ex) for ex in examples)))
+            ours, meg, *hf = np.median(np.array(rounds), axis=0)
+            print(f"{seq:>5} {ours:>9.0f} {meg:>11.0f} " + " ".join(f"{x:>14.0f}" for x in hf)
+                  + f" {ours / meg:>14.2f} " + " ".join(f"{ours / x:>15.2f}" for x in hf), flush=True)
     return 0
 
 
