@@ -109,6 +109,7 @@ def worker(args) -> dict:
             ds_json.write_text(json.dumps(conf))
         run_cfg = config_from_dict({  # model, data and objective sections are not read here, but the schema wants them
             "run_dir": "/tmp/bench_trainer", "model": cfg.model_dump(), "data": {"corpora": [{"prefix": "unused"}]},
+            "objective": {"name": "mlm"},
             "train": {"steps": 10, "global_batch_size": micro * world, "micro_batch_size": micro},
             "optim": {"lr": 1e-4}, "deepspeed": {"config": str(ds_json)}})
         eng = engine.Engine(model, opt, None, engine.build_ds_config(run_cfg, world, 1))
