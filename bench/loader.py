@@ -170,7 +170,8 @@ def hf_examples(tok, prefix, seq: int, n: int, form: str = "tensors") -> list[di
     else:
         hf_tok = _hf_tokenizer(tok)
         # The mask the tokenizer itself gives for these ids (1 at [CLS]/[SEP]), computed once per row, untimed.
-        made = [{"input_ids": r, "special_tokens_mask": hf_tok.get_special_tokens_mask(r, already_has_special_tokens=True)}
+        made = [{"input_ids": r,
+                 "special_tokens_mask": hf_tok.get_special_tokens_mask(r, already_has_special_tokens=True)}
                 for r in rows]
         if form == "tensors":
             made = [{k: torch.tensor(v) for k, v in m.items()} for m in made]

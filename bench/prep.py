@@ -127,7 +127,8 @@ def make_corpus(path: Path, size_mb: float) -> int:
     sys.path.insert(0, str(REPO))
     from data_prep.sources import iter_documents
 
-    lines = [json.dumps({"text": "\n".join(d.lines)}, ensure_ascii=False) + "\n" for d in iter_documents(str(en_corpus()))]
+    lines = [json.dumps({"text": "\n".join(d.lines)}, ensure_ascii=False) + "\n"
+             for d in iter_documents(str(en_corpus()))]
     block = "".join(lines).encode("utf-8")
     with open(path, "wb") as fh:
         written = 0
