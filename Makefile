@@ -28,7 +28,13 @@ test-fast: venv
 quickstart: venv
 	bash scripts/quickstart.sh
 
-bench: venv
+# bench/prep.py's baseline is Megatron-LM's own tools/preprocess_data.py at the tag of the installed megatron-core;
+# it is cloned into the ignored bench/out/, never committed here.
+bench/out/megatron_lm:
+	git clone -q --depth 1 --branch core_v0.16.1 https://github.com/NVIDIA/Megatron-LM $@
+
+bench: venv bench/out/megatron_lm
+	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/python bench/prep.py
 
 clean:

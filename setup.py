@@ -40,6 +40,8 @@ setup(
         "hf": ["transformers>=4.40", "protobuf"],
         "mpi": ["mpi4py>=3.1"],
         "plot": ["matplotlib"],
+        # bench/prep.py runs Megatron-LM's tools/preprocess_data.py as its baseline; its tokenizer module imports six
+        "bench": ["transformers>=4.40", "six"],
         "dev": ["pytest>=7", "pytest-timeout", "matplotlib", "transformers>=4.40", "protobuf"],
     },
 )

@@ -8,12 +8,24 @@ data_prep/train_tokenizer.py), in one process with one torch thread, in the same
 - ours: ``PretrainingDataset`` (segment-pair with NSP negatives, dynamic whole-word masking, sample construction
   from the shard included) plus collation into padded int64 batches of 32;
 - megatron-core: ``BERTMaskedWordPieceDataset`` (segment pair with NSP, whole-word masking, max n-gram 1), one
-  ``__getitem__`` per sample (its samples come out padded, so that is its collation);
+  ``__getitem__`` per sample (its samples come out padded, so that is its collation). This is its fastest path:
+  megatron-core 0.16.1 has no batched or compiled path for BERT samples (its C++ helpers build the sample index,
+  before timing); the options that choose work are set to the cheapest that still does whole-word masking with
+  NSP (n-grams of 1, no permutation, no geometric spans), and the .bin is memory-mapped (``mmap_bin_files`` default).
+  A profile (300 samples, seq 128) puts ~85 % of ``__getitem__`` in ``_create_masked_lm_predictions``: a Python
+  loop over the tokens as numpy scalars (``inv_vocab[token].startswith("##")``) and one ``RandomState.choice(p=...)``
+  per masking candidate. Megatron spreads that over DataLoader workers; per core it is what is timed here;
 - Hugging Face: ``DataCollatorForLanguageModeling`` (token-level 15 % masking) on ready-made sequences of the same
-  length cut from the same shard (no sample construction: it does less work).
+  length cut from the same shard (no sample construction: it does less work), given what a Hugging Face pipeline
+  gives it: the tokenizer's output with ``special_tokens_mask`` (``run_mlm.py`` tokenizes with
+  ``return_special_tokens_mask=True``), as tensors. Without the mask the collator calls
+  ``get_special_tokens_mask`` per row, token by token in Python. Three forms are timed (see ``hf_examples``):
+  tensors with the mask, lists with the mask (what ``run_mlm.py``'s dataset gives by default), bare ``input_ids``
+  lists (what this benchmark gave it at first).
 
-Reported: samples/s for each at seq 128 and 512 (median of ``--repeats`` interleaved rounds) and our ratio to each. Index building (ours and megatron's) and
-the first touch of the shard happen before timing.
+Reported: samples/s for each at seq 128 and 512 (median of ``--repeats`` interleaved rounds) and our ratio to each.
+Index building (ours and megatron's), the Hugging Face examples and the first touch of the shard happen before
+timing.
 """
 from __future__ import annotations
 
@@ -115,10 +127,9 @@ def bench_megatron(tok, prefix, seq: int, n: int, cache: Path) -> float:
     from megatron.core.datasets.indexed_dataset import IndexedDataset
     from megatron.core.datasets.utils import Split
 
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29517")
-        dist.init_process_group("gloo", rank=0, world_size=1)
+    if not dist.is_initialized():  # megatron-core's builders ask for the rank; a file store needs no port
+        cache.mkdir(parents=True, exist_ok=True)
+        dist.init_process_group("gloo", init_method=f"file://{(cache / 'pg_store').resolve()}", rank=0, world_size=1)
     shard = str(prefix.parent / "en_00000")
     indexed = IndexedDataset(shard)
     cfg = BERTMaskedWordPieceDatasetConfig(
@@ -136,20 +147,49 @@ def bench_megatron(tok, prefix, seq: int, n: int, cache: Path) -> float:
     return n / (time.perf_counter() - t)
 
 
-def bench_hf(tok, prefix, seq: int, n: int) -> float:
-    from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
+def hf_examples(tok, prefix, seq: int, n: int, form: str = "tensors") -> list[dict]:
+    """Ready-made rows of ``seq`` tokens ([CLS] body [SEP]) cut from the shard, in one of the forms a Hugging Face
+    pipeline hands its collator:
+
+    - "tensors": the tokenizer's output with ``special_tokens_mask`` (``return_special_tokens_mask=True``, what
+      ``run_mlm.py`` asks for), as tensors (a dataset with ``set_format("torch")``);
+    - "lists": the same as Python lists (what ``run_mlm.py``'s dataset gives the Trainer's DataLoader by default);
+    - "bare": ``input_ids`` lists without the mask (what this benchmark gave it at first), which makes the collator
+      build the mask row by row in Python (``get_special_tokens_mask``)."""
+    import torch
 
     from trainer.data.corpus import IndexedCorpus
 
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok.backend, cls_token="[CLS]", sep_token="[SEP]",
-                                     mask_token="[MASK]", pad_token="[PAD]", unk_token="[UNK]")
     corpus = IndexedCorpus(prefix)
     flat = corpus.read(0, corpus.num_sentences).astype(np.int64)
     body = seq - 2
     rows = [[tok.cls_id] + flat[i * body:(i + 1) * body].tolist() + [tok.sep_id]
             for i in range(min(n, len(flat) // body))]
-    examples = [{"input_ids": rows[i % len(rows)]} for i in range(n)]
-    collate = DataCollatorForLanguageModeling(hf_tok, mlm=True, mlm_probability=0.15, return_tensors="pt")
+    if form == "bare":
+        made = [{"input_ids": r} for r in rows]
+    else:
+        hf_tok = _hf_tokenizer(tok)
+        # The mask the tokenizer itself gives for these ids (1 at [CLS]/[SEP]), computed once per row, untimed.
+        made = [{"input_ids": r,
+                 "special_tokens_mask": hf_tok.get_special_tokens_mask(r, already_has_special_tokens=True)}
+                for r in rows]
+        if form == "tensors":
+            made = [{k: torch.tensor(v) for k, v in m.items()} for m in made]
+    return [made[i % len(made)] for i in range(n)]
+
+
+def _hf_tokenizer(tok):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=tok.backend, cls_token="[CLS]", sep_token="[SEP]",
+                                   mask_token="[MASK]", pad_token="[PAD]", unk_token="[UNK]")
+
+
+def bench_hf(tok, examples: list[dict]) -> float:
+    from transformers import DataCollatorForLanguageModeling
+
+    n = len(examples)
+    collate = DataCollatorForLanguageModeling(_hf_tokenizer(tok), mlm=True, mlm_probability=0.15, return_tensors="pt")
     collate(examples[:32])
     t = time.perf_counter()
     for b in range(0, n, 32):
@@ -172,15 +212,19 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         tok, prefix = prepare(out, args.vocab_size)
         print(f"corpus: {en_corpus().name}, tokenizer wordpiece {tok.vocab_size}, {args.samples} samples per measurement")
-        print(f"{'seq':>5} {'ours/s':>9} {'megatron/s':>11} {'hf/s':>9} {'ours/megatron':>14} {'ours/hf':>8}")
+        forms = ("tensors", "lists", "bare")
+        print(f"{'seq':>5} {'ours/s':>9} {'megatron/s':>11} " + " ".join(f"{'hf ' + f + '/s':>14}" for f in forms)
+              + f" {'ours/megatron':>14} " + " ".join(f"{'ours/hf ' + f:>15}" for f in forms))
         for seq in (128, 512):
+            examples = [hf_examples(tok, prefix, seq, args.samples, form) for form in forms]
             rounds = []
-            for _ in range(args.repeats):  # interleaved, so load drifting on a shared machine hits all three alike
+            for _ in range(args.repeats):  # interleaved, so load drifting on a shared machine hits all alike
                 rounds.append((bench_ours(tok, prefix, seq, args.samples, out / "cache_ours"),
                                bench_megatron(tok, prefix, seq, args.samples, out / "cache_megatron"),
-                               bench_hf(tok, prefix, seq, args.samples)))
-            ours, meg, hf = np.median(np.array(rounds), axis=0)
-            print(f"{seq:>5} {ours:>9.0f} {meg:>11.0f} {hf:>9.0f} {ours / meg:>14.2f} {ours / hf:>8.2f}", flush=True)
+                               *(bench_hf(tok, ex) for ex in examples)))
+            ours, meg, *hf = np.median(np.array(rounds), axis=0)
+            print(f"{seq:>5} {ours:>9.0f} {meg:>11.0f} " + " ".join(f"{x:>14.0f}" for x in hf)
+                  + f" {ours / meg:>14.2f} " + " ".join(f"{ours / x:>15.2f}" for x in hf), flush=True)
     return 0
 
 

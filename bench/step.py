@@ -4,9 +4,19 @@ Same configuration, batch, sequence length and masked positions; forward + backw
 process. Hugging Face computes vocabulary logits at every position (its labels are -100 where nothing is predicted);
 ours only at the masked positions. Steps of the two models alternate, so machine noise hits both alike.
 
-MFU is against a fp32 matmul measured in the same run. Model FLOPs per step are the *useful* ones, identical for both
-sides: 6 x (non-embedding encoder + head weights) per token, 12 L H T per token for attention, and the vocabulary
-decoder 6 E V only at the masked positions (Hugging Face does ~6.7x more decoder work than this counts at 15 %).
+MFU is against a fp32 matmul measured in the same run, reported twice:
+
+- useful: the FLOPs of the work both models must do, identical for both sides: 6 x (non-embedding encoder weights)
+  per real token, 12 L H T per real token for attention (T = real tokens in the row), the MLM transform (H x E) and
+  the vocabulary decoder (E x V) only at the masked positions, pooler and NSP classifier once per row;
+- executed: the FLOPs each model really runs. Hugging Face runs the encoder on every position, padding included,
+  attention over the padded length, and the transform and the full-vocabulary decoder at *every* position (its
+  labels are -100 where nothing is predicted); ours runs the encoder on every position too (padding included) unless
+  --unpad drops it, and the transform and decoder only at the masked positions. At 15 % masking Hugging Face's
+  decoder does ~6.7x the useful decoder work, so its useful MFU understates how efficiently it runs what it runs.
+
+``--flops-only`` prints the FLOP counts of a shape without timing anything (to derive the executed MFU of a past
+measurement from its useful MFU: executed = useful x executed FLOPs / useful FLOPs).
 
     python bench/step.py                       # H=512 L=4 A=8, batch 8 x 128, 15 % masked (20 per row)
     python bench/step.py --padding 0.5 --unpad # half of every row padding; ours drops it (unpad=True)
@@ -36,7 +46,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--optimizer", choices=["fused", "foreach", "loop"], default="fused",
                    help="torch AdamW implementation, the same for both models (fused: one kernel per tensor)")
+    p.add_argument("--flops-only", action="store_true", help="print the FLOP counts per step and exit (no timing)")
     return p
+
+
+def step_flops(args, cfg, real_per_row: list[int], n_pred: int) -> dict:
+    """FLOPs of one training step (forward + backward = 6 x multiply-adds per weight per token; attention's two
+    T x T matmuls 12 L H T per token): the useful ones (the same for both) and what each model executes."""
+    h, layers, e, v, b, seq = args.hidden, args.layers, cfg.emb_size, args.vocab, args.batch, args.seq
+    encoder_weights = layers * (4 * h * h + 2 * h * cfg.ffn_size)
+    transform, decoder = h * e, e * v  # MLM head: dense H -> E (+ LayerNorm), decoder E -> V tied to the embeddings
+    rows = 6 * b * (h * h + h * 2)  # pooler and NSP classifier on [CLS], once per row
+
+    def encoder(lengths: list[int], attended: list[int]) -> int:
+        return sum(6 * n * encoder_weights + 12 * layers * h * t * n for n, t in zip(lengths, attended))
+
+    real = sum(real_per_row)
+    useful = encoder(real_per_row, real_per_row) + 6 * n_pred * (transform + decoder) + rows
+    padded = encoder([seq] * b, [seq] * b)  # every position through every layer, attention over the padded length
+    ours = (encoder(real_per_row, real_per_row) if args.unpad else padded) + 6 * n_pred * (transform + decoder) + rows
+    hf = padded + 6 * b * seq * (transform + decoder) + rows
+    return {"useful": useful, "ours": ours, "hf": hf, "real_tokens": real}
 
 
 def make_batch(args, gen):
@@ -72,6 +102,12 @@ def main(argv=None) -> int:
     ids, mask, types, pos, labels, nsp = make_batch(args, torch.Generator().manual_seed(1))
     flat, flat_labels = flat_positions(pos, labels, args.seq)
     hf_labels = torch.full_like(ids, -100).scatter_(1, pos, labels)
+    flops = step_flops(args, cfg, mask.sum(1).tolist(), flat.numel())
+    print(f"FLOPs per step: useful {flops['useful'] / 1e9:.2f} G; executed: ours {flops['ours'] / 1e9:.2f} G "
+          f"(x{flops['ours'] / flops['useful']:.3f} of useful), HF {flops['hf'] / 1e9:.2f} G "
+          f"(x{flops['hf'] / flops['useful']:.3f})", flush=True)
+    if args.flops_only:
+        return 0
 
     def our_step(opt):
         out = ours(ids, mask, types, mlm_positions=flat)
@@ -100,12 +136,7 @@ def main(argv=None) -> int:
     peak = measure_peak_flops("cpu", torch.float32, n=2048)
 
     tokens = int(mask.sum())  # real tokens per step (padding excluded for both)
-    h, layers, t, e, v = args.hidden, args.layers, int(mask.sum(1).float().mean()), cfg.emb_size, args.vocab
-    encoder_weights = layers * (4 * h * h + 2 * h * cfg.ffn_size)
-    head_weights = h * e + h * h + h * 2  # MLM transform, pooler, NSP classifier
-    flops = 6 * tokens * encoder_weights + 12 * layers * h * t * tokens + 6 * flat.numel() * e * v \
-        + 6 * args.batch * head_weights
-    print(f"config: H={h} L={layers} A={args.heads} V={v} batch {args.batch} x seq {args.seq}, "
+    print(f"config: H={args.hidden} L={args.layers} A={args.heads} V={args.vocab} batch {args.batch} x seq {args.seq}, "
           f"{args.padding:.0%} padding, {args.predictions} predictions/row, unpad={args.unpad}, "
           f"AdamW {args.optimizer}, torch threads {torch.get_num_threads()}, HF attention {theirs.config._attn_implementation}")
     print(f"measured fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
@@ -114,7 +145,7 @@ def main(argv=None) -> int:
         med = statistics.median(times[name])
         result[name] = tokens / med
         print(f"{name:>5}: {med * 1e3:8.1f} ms/step (median of {len(times[name])}), {tokens / med:9.1f} tokens/s, "
-              f"MFU {flops / med / peak:6.1%}")
+              f"MFU useful {flops['useful'] / med / peak:6.1%}, executed {flops[name] / med / peak:6.1%}")
     print(f"ratio ours/hf tokens/s: {result['ours'] / result['hf']:.2f}x")
     return 0
 

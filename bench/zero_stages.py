@@ -11,6 +11,9 @@
 
     python bench/zero_stages.py                 # everything (~10 min on 2 shared cores)
     python bench/zero_stages.py --presets tiny  # quick
+    python bench/zero_stages.py --parts memory  # only the memory table
+
+It prints the two tables of BENCHMARKS.md ("Trainer") as they appear there, memory in MiB (2**20 bytes).
 """
 from __future__ import annotations
 
@@ -106,6 +109,7 @@ def worker(args) -> dict:
             ds_json.write_text(json.dumps(conf))
         run_cfg = config_from_dict({  # model, data and objective sections are not read here, but the schema wants them
             "run_dir": "/tmp/bench_trainer", "model": cfg.model_dump(), "data": {"corpora": [{"prefix": "unused"}]},
+            "objective": {"name": "mlm"},
             "train": {"steps": 10, "global_batch_size": micro * world, "micro_batch_size": micro},
             "optim": {"lr": 1e-4}, "deepspeed": {"config": str(ds_json)}})
         eng = engine.Engine(model, opt, None, engine.build_ds_config(run_cfg, world, 1))
@@ -129,6 +133,16 @@ def worker(args) -> dict:
     return {"preset": args.preset, "stage": args.stage, "world": world, "params": params,
             "steps_per_s": args.steps / seconds, "tokens_per_s": args.steps * micro * seq * world / seconds,
             "census_bytes": census, "rank": int(os.environ.get("RANK", 0))}
+
+
+def _mib(nbytes: float) -> str:
+    """Bytes as the memory table shows them: MiB (2**20 bytes), two decimals under 10 MiB."""
+    mib = nbytes / 2**20
+    return f"{mib:,.2f} MiB" if mib < 10 else f"{mib:,.1f} MiB"
+
+
+def _rate(x: float) -> str:
+    return f"{x:.3f}" if x < 1 else f"{x:.2f}" if x < 10 else f"{x:.1f}"
 
 
 def _launch(preset: str, stage: int, nproc: int, steps: int, warmup: int, small_buckets: bool = False) -> list[dict]:
@@ -159,42 +173,67 @@ def main(argv=None) -> int:
     p.add_argument("--small-buckets", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=2, help="throughput: best of this many interleaved rounds")
     p.add_argument("--presets", default="tiny,bert-base")
-    p.add_argument("--out", default=str(REPO / "bench" / "out" / "zero_stages.json"))
+    p.add_argument("--parts", default="throughput,memory", help="comma-separated: throughput, memory")
+    p.add_argument("--out", default=None, help="also write every measurement as JSON to this file")
     args = p.parse_args(argv)
     if args.worker:
         print("RESULT " + json.dumps(worker(args)), flush=True)
         return 0
-    results = []
+    parts = set(args.parts.split(","))
+    results, throughput_rows, memory_rows = [], [], []
     for preset in args.presets.split(","):
-        steps = 20 if preset == "tiny" else 3
-        # Interleaved rounds, best of each: the machine is shared, and a neighbour's burst should not decide a ratio.
-        best: dict[int, dict] = {}
-        for _ in range(args.rounds):
-            for stage in (-1, 0, 2, 3):
-                r = _launch(preset, stage, 1, steps, 2)[0]
-                if stage not in best or r["tokens_per_s"] > best[stage]["tokens_per_s"]:
-                    best[stage] = r
-        base = best[-1]
-        results.append(base)
-        print(f"{preset}: plain torch {base['steps_per_s']:.3f} steps/s, {base['tokens_per_s']:.0f} tokens/s",
-              flush=True)
-        for stage in (0, 2, 3):
-            r = best[stage]
-            r["ratio_vs_torch"] = r["tokens_per_s"] / base["tokens_per_s"]
-            results.append(r)
-            print(f"{preset}: ZeRO-{stage} 1 rank {r['steps_per_s']:.3f} steps/s, {r['tokens_per_s']:.0f} tokens/s, "
-                  f"x{r['ratio_vs_torch']:.2f} of plain torch", flush=True)
-        for stage in (0, 3):
-            rows = _launch(preset, stage, 2, 1, 2, small_buckets=True)
-            theory = 16 * rows[0]["params"] / (2 if stage == 3 else 1)
-            for r in rows:
-                r["memory"] = True
-                r["theory_bytes"] = theory
+        micro, seq = MICRO[preset]
+        if "throughput" in parts:
+            steps = 20 if preset == "tiny" else 3
+            # Interleaved rounds, best of each: the machine is shared, and a neighbour's burst should not decide a
+            # ratio.
+            best: dict[int, dict] = {}
+            for _ in range(args.rounds):
+                for stage in (-1, 0, 2, 3):
+                    r = _launch(preset, stage, 1, steps, 2)[0]
+                    if stage not in best or r["tokens_per_s"] > best[stage]["tokens_per_s"]:
+                        best[stage] = r
+            base = best[-1]
+            results.append(base)
+            cells = [f"{_rate(base['steps_per_s'])} steps/s, {base['tokens_per_s']:,.0f} tok/s"]
+            for stage in (0, 2, 3):
+                r = best[stage]
+                r["ratio_vs_torch"] = r["tokens_per_s"] / base["tokens_per_s"]
                 results.append(r)
-                print(f"{preset}: ZeRO-{stage} 2 ranks, rank {r['rank']}: tensors {r['census_bytes'] / 2**20:.1f} MiB "
-                      f"vs 16P/N = {theory / 2**20:.1f} MiB (x{r['census_bytes'] / theory:.2f})", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+                cells.append(f"{_rate(r['steps_per_s'])} steps/s, {r['tokens_per_s']:,.0f} tok/s "
+                             f"(x{r['ratio_vs_torch']:.2f})")
+            throughput_rows.append(f"| `{preset}` ({base['params'] / 1e6:.2f} M) | {micro} x {seq} | "
+                                   + " | ".join(cells) + " |")
+            print(throughput_rows[-1], flush=True)
+        if "memory" in parts:
+            cells, ratios = [], []
+            for stage in (0, 3):
+                rows = _launch(preset, stage, 2, 1, 2, small_buckets=True)
+                theory = 16 * rows[0]["params"] / (2 if stage == 3 else 1)
+                for r in rows:
+                    r["memory"] = True
+                    r["theory_bytes"] = theory
+                    results.append(r)
+                # The larger rank: what a rank must have room for (the two differ by a bucket at most).
+                worst = max(r["census_bytes"] for r in rows)
+                cells += [_mib(worst), _mib(theory)]
+                ratios.append(f"x{worst / theory:.2f}")
+            memory_rows.append(f"| `{preset}` ({rows[0]['params']:,} params) | " + " | ".join(cells) + " | "
+                               + " / ".join(ratios) + " |")
+            print(memory_rows[-1], flush=True)
+    if throughput_rows:
+        print("\nThroughput, one process, best of %d interleaved rounds:\n" % args.rounds)
+        print("| model (params) | micro batch x seq | plain torch | ZeRO-0 | ZeRO-2 | ZeRO-3 |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(throughput_rows))
+    if memory_rows:
+        print("\nPer-rank memory of model states, 2 ranks (the larger rank's tensor census; MiB = 2**20 bytes):\n")
+        print("| model | ZeRO-0, per rank | 16·P | ZeRO-3, per rank | 16·P/N | measured / theory |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(memory_rows))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
     return 0
 
 
