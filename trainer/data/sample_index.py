@@ -1,31 +1,42 @@
-"""The sample index: sample id -> the sentence ranges it is built from, computed once and cached on disk.
+"""The sample index: sample id -> the sentence ranges it is built from, built once per corpus and settings, mapped.
 
 A *chunk* is a contiguous sentence range ``[start, end)`` with a target length; a *sample* (one row of a batch) is
-one chunk, or for packed doc-sentences several chunks of different documents. Arrays (all int64):
+one chunk, or for packed doc-sentences several chunks of different documents. Arrays (int64, views of one cache
+file, trainer/data/cache_file.py):
 
     chunks   [C, 3]  (start_sentence, end_sentence, target_tokens)
-    row_ptr  [N + 1] sample i is chunks[row_ptr[i] : row_ptr[i + 1]]
+    row_ptr  [N + 1] sample i is chunks[row_ptr[i] : row_ptr[i + 1]]   (packed doc-sentences only; else sample i
+                                                                      is chunk i)
 
-Worked example, budget 10 tokens, ``full-sentences`` (a separator after each document's last sentence counts as a
-token), sentence lengths ``[4, 3, 5 | 6, 2]`` (``|`` = document end): costs ``[4, 3, 6, 6, 3]``; greedy filling
-gives chunks ``[0, 2)`` (7 tokens, adding sentence 2 would make 13) and ``[2, 4)`` (12 > 10: one sentence at least,
-so ``[2, 3)``), then ``[3, 5)``. With ``doc-sentences`` the same walk stops at the document end instead.
+The layout rules, sentence by sentence (``cost`` = its tokens, plus 1 for the last sentence of a document in
+``full-sentences``, where a separator follows it):
 
-Why our own walk and not megatron-core's ``helpers.build_mapping``: that one silently drops every document holding a
-sentence longer than 512 tokens (line-per-paragraph corpora lose most of their text), cannot cross documents
-(full-sentences) and shuffles the result (our order lives in ``order.py``, per epoch). The walk is vectorised
-except for one Python step per *sample* (not per sentence or token): ~0.2 µs each, ~20 s for 100M samples, once.
-Building holds ~64 bytes per sentence of int64 work arrays at its peak (a 2B-sentence corpus: ~130 GB), so split a
-corpus that large into several prepared corpora and blend them.
+- ``target(s)``: ``budget`` tokens, or with probability ``short_seq_prob`` uniform in ``[2, budget]`` (BERT); a
+  pure function of ``(data.index_seed, s)`` (a splitmix64 hash), so any block of sentences gets its targets alone.
+- ``next(s)``: the largest ``e`` with ``cost(s..e) <= target(s)``, at least ``s + 2`` for segment/SOP pairs and
+  ``s + 1`` otherwise, at most ``s + budget`` sentences; ``s + 2`` for sentence-pair. Formats other than
+  full-sentences stop at the document end, and a 1-sentence remainder of a document (2 for pairs) joins the chunk.
+  No chunk crosses a shard boundary (a shard holds ~1M sentences, so that is a loss of one sample in ~10^5).
+- The chunks of a shard are the chain ``first sentence -> next(.) -> ...``, keeping those with tokens (and two
+  sentences for pair formats). Packed doc-sentences fill rows next-fit within a shard (``_Packer``).
 
-Each sample's target length is a pure function of its start sentence (short with probability ``short_seq_prob``,
-drawn from a generator seeded by the index seed), so the index depends only on the settings hashed into its name.
+Worked example, budget 10 tokens, ``full-sentences``, sentence lengths ``[4, 3, 5 | 6, 2]`` (``|`` = document end):
+costs ``[4, 3, 6, 6, 3]``; chunks ``[0, 2)`` (7 tokens, adding sentence 2 would make 13) and ``[2, 4)`` (12 > 10:
+one sentence at least, so ``[2, 3)``), then ``[3, 5)``. With ``doc-sentences`` the walk stops at the document end.
+
+Building: shard by shard (in parallel worker processes, ``workers``), each shard in blocks of ``block`` sentences
+with the chain's position and the open packed row carried from block to block, so a builder holds ~100 bytes per
+sentence of *one block* (~100 MB at 1M), whatever the corpus size; shard results are appended to the cache file in
+shard order (workers change only the speed). tests/test_scale.py checks the result against a one-shot build over
+whole-corpus arrays. Why our own walk and not megatron-core's ``helpers.build_mapping``: that one silently drops
+every document holding a sentence longer than 512 tokens, cannot cross documents (full-sentences), shuffles the
+result (our order is a keyed bijection, order.py) and needs whole-corpus arrays in memory.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
+import multiprocessing as mp
 import os
 from array import array
 from dataclasses import dataclass
@@ -33,22 +44,39 @@ from pathlib import Path
 
 import numpy as np
 
-from .corpus import IndexedCorpus
+from .cache_file import CachePolicy, CacheWriter, ensure
+from .corpus import IndexedCorpus, idx_arrays
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 WITHIN_DOCUMENT = ("segment-pair", "sentence-pair", "doc-sentences", "sop-pair")
+BLOCK = 1 << 20
 
 
-@dataclass
 class SampleIndex:
-    chunks: np.ndarray
-    row_ptr: np.ndarray
+    """Chunks (and row pointers when packed) of every sample; mapped from the cache file when it came from one."""
+
+    def __init__(self, chunks: np.ndarray, row_ptr: np.ndarray | None = None, path: Path | None = None,
+                 key: str | None = None):
+        self.chunks, self.row_ptr, self.path, self.key = chunks, row_ptr, path, key
 
     def __len__(self) -> int:
-        return len(self.row_ptr) - 1
+        return len(self.chunks) if self.row_ptr is None else len(self.row_ptr) - 1
 
     def sample_chunks(self, i: int) -> np.ndarray:
+        if self.row_ptr is None:
+            return self.chunks[i:i + 1]
         return self.chunks[self.row_ptr[i]:self.row_ptr[i + 1]]
+
+    def __getstate__(self):
+        if self.path is None:
+            return self.__dict__
+        return {"path": self.path, "key": self.key}  # a spawned worker maps the file again
+
+    def __setstate__(self, state):
+        if "chunks" in state:
+            self.__dict__.update(state)
+        else:
+            self.__init__(**_open_index(state["path"], state["key"]), path=state["path"], key=state["key"])
 
 
 def content_budget(fmt: str, max_seq_length: int) -> int:
@@ -56,11 +84,38 @@ def content_budget(fmt: str, max_seq_length: int) -> int:
     return max_seq_length - (3 if fmt in ("segment-pair", "sentence-pair", "sop-pair") else 2)
 
 
-def index_settings(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_prob: float, seed: int,
+@dataclass(frozen=True)
+class Layout:
+    """The settings the index depends on, besides the corpus."""
+
+    fmt: str
+    max_seq_length: int
+    short_seq_prob: float
+    index_seed: int
+    pack: bool
+
+    @property
+    def budget(self) -> int:
+        return content_budget(self.fmt, self.max_seq_length)
+
+    @property
+    def min_sent(self) -> int:
+        return 2 if self.fmt in ("segment-pair", "sop-pair") else 1
+
+    @property
+    def min_tail(self) -> int:
+        return max(self.min_sent, 2 if self.fmt == "sentence-pair" else 1)
+
+    @property
+    def packed(self) -> bool:
+        return self.pack and self.fmt == "doc-sentences"
+
+
+def index_settings(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_prob: float, index_seed: int,
                    pack: bool) -> dict:
-    """Everything the index depends on; its hash names the cache files."""
+    """Everything the index depends on (and nothing else: not the training seed); its hash keys the cache file."""
     return {"version": INDEX_VERSION, "corpus": corpus.fingerprint(), "format": fmt,
-            "max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "seed": seed,
+            "max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "index_seed": index_seed,
             "pack": bool(pack and fmt == "doc-sentences")}
 
 
@@ -68,118 +123,233 @@ def settings_hash(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load_or_build(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_prob: float, seed: int,
-                  pack: bool, cache_dir: str | os.PathLike) -> SampleIndex:
-    """The cached index, built by the first process to get the lock (others wait, then map the files).
+def index_path(corpus: IndexedCorpus, fmt: str, key: str, cache_dir) -> Path:
+    return Path(cache_dir) / f"index-{Path(corpus.prefix).name}-{fmt}-{key}.bfc"
 
-    Safe when every rank of every node calls it at once on a shared filesystem with working ``flock``; files are
-    written under a temporary name and renamed, so a killed build never leaves a file that looks finished.
-    """
-    settings = index_settings(corpus, fmt, max_seq_length, short_seq_prob, seed, pack)
+
+def _open_index(path, key) -> dict:
+    from .cache_file import open_cache  # noqa: PLC0415
+
+    arrays, meta = open_cache(path, "sample-index", key)
+    return {"chunks": arrays["chunks"], "row_ptr": arrays["row_ptr"] if meta.get("packed") else None}
+
+
+def load_or_build(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_prob: float, index_seed: int,
+                  pack: bool, cache: CachePolicy | str | os.PathLike) -> SampleIndex:
+    """The mapped index of this corpus and layout, built first if missing (by the policy's builder; the other ranks
+    wait for the finished file, cache_file.ensure)."""
+    if not isinstance(cache, CachePolicy):
+        cache = CachePolicy(Path(cache))
+    layout = Layout(fmt, max_seq_length, short_seq_prob, index_seed, pack)
+    _check(layout)
+    settings = index_settings(corpus, fmt, max_seq_length, short_seq_prob, index_seed, pack)
     key = settings_hash(settings)
-    cache = Path(cache_dir)
-    cache.mkdir(parents=True, exist_ok=True)
-    paths = {name: cache / f"{key}-{fmt}-{name}.npy" for name in ("chunks", "row_ptr")}
-    if not all(p.exists() for p in paths.values()):
-        with open(cache / f"{key}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # blocks while another process builds the same index
-            if not all(p.exists() for p in paths.values()):
-                index = build_index(corpus, fmt, max_seq_length, short_seq_prob, seed, pack)
-                (cache / f"{key}-description.json").write_text(json.dumps(settings, indent=1, sort_keys=True))
-                for name, path in paths.items():
-                    tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
-                    np.save(tmp, getattr(index, name))
-                    os.replace(tmp, path)
-    # plain ndarray views of the maps: numpy.memmap's per-slice __getitem__/__array_finalize__ cost ~10 µs a sample
-    return SampleIndex(*(np.load(paths[name], mmap_mode="r").view(np.ndarray) for name in ("chunks", "row_ptr")))
+    path = index_path(corpus, fmt, key, cache.dir)
+
+    def build(p: Path) -> None:
+        write_index(corpus, layout, p, key, settings, cache.workers)
+
+    arrays, meta = ensure(path, "sample-index", key, build, cache, f"the '{fmt}' sample index of {corpus.prefix}")
+    return SampleIndex(arrays["chunks"], arrays["row_ptr"] if meta.get("packed") else None, path, key)
 
 
 def build_index(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_prob: float, seed: int,
-                pack: bool = True) -> SampleIndex:
-    lengths = corpus.sentence_lengths.astype(np.int64)
-    num_sentences = len(lengths)
-    budget = content_budget(fmt, max_seq_length)
-    if budget < 2:
-        raise ValueError(f"data.max_seq_length={max_seq_length} leaves {budget} tokens for text; use at least 8")
-    doc_of = corpus.document_of(np.arange(num_sentences))
-    doc_end = corpus.doc_starts[doc_of + 1]
+                pack: bool = True, block: int = BLOCK) -> SampleIndex:
+    """The index in memory (tests, small corpora): the same blocks as ``write_index``, concatenated."""
+    layout = Layout(fmt, max_seq_length, short_seq_prob, seed, pack)
+    _check(layout)
+    parts = [_shard_chunks((p, first, layout, block)) for p, first, _ in corpus.shards]
+    chunks = np.concatenate([c for c, _ in parts]) if parts else np.zeros((0, 3), np.int64)
+    _check_nonempty(corpus, layout, len(chunks))
+    if not layout.packed:
+        return SampleIndex(chunks)
+    sizes = np.concatenate([r for _, r in parts])
+    return SampleIndex(chunks, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
 
-    cost = lengths.copy()
-    if fmt == "full-sentences":
-        cost[doc_end - 1] += 1  # the separator RoBERTa puts after a document's last sentence
-    cum = np.concatenate([[0], np.cumsum(cost)])
 
-    rng = np.random.Generator(np.random.PCG64(seed))
-    target = np.full(num_sentences, budget, np.int64)
-    short = rng.random(num_sentences) < short_seq_prob
-    target[short] = rng.integers(2, budget + 1, size=int(short.sum()))
+def write_index(corpus: IndexedCorpus, layout: Layout, path: Path, key: str, settings: dict, workers: int = 1,
+                block: int = BLOCK) -> None:
+    """Build shard by shard (``workers`` processes) and stream the shards' chunks into the cache file in order."""
+    tasks = [(p, first, layout, block) for p, first, _ in corpus.shards]
+    total = 0
+    rows_tmp = path.parent / f".{path.name}.rows-{os.getpid()}"
+    with CacheWriter(path, "sample-index", key, [("chunks", "<i8", (3,)), ("row_ptr", "<i8", ())]) as w, \
+            open(rows_tmp, "wb") as rows:
+        try:
+            for chunks, sizes in _run(tasks, workers):
+                w.append("chunks", chunks)
+                total += len(chunks)
+                if layout.packed:
+                    rows.write(np.asarray(sizes, np.int64).tobytes())
+            _check_nonempty(corpus, layout, total)
+            if layout.packed:
+                rows.flush()
+                w.append("row_ptr", np.zeros(1, np.int64))
+                n = os.path.getsize(rows_tmp) // 8
+                sizes = np.memmap(rows_tmp, np.int64, mode="r", shape=(n,)) if n else np.zeros(0, np.int64)
+                base = 0
+                for lo in range(0, n, BLOCK):  # running sum block by block: bounded memory
+                    ptr = np.cumsum(sizes[lo:lo + BLOCK]) + base
+                    w.append("row_ptr", ptr)
+                    base = int(ptr[-1])
+                del sizes
+            w.commit({"packed": layout.packed, "settings": settings, "samples": int(total)})
+        finally:
+            rows_tmp.unlink(missing_ok=True)
 
-    starts = np.arange(num_sentences)
-    min_sent = 2 if fmt in ("segment-pair", "sop-pair") else 1
-    if fmt == "sentence-pair":
+
+def _run(tasks: list, workers: int):
+    """Shard results in shard order: inline with one worker, else from a pool of spawned processes (spawn: the
+    builder may run inside a trainer process that holds threads, where fork is unsafe)."""
+    if workers <= 1 or len(tasks) <= 1:
+        yield from map(_shard_chunks, tasks)
+        return
+    with mp.get_context("spawn").Pool(min(workers, len(tasks))) as pool:
+        yield from pool.imap(_shard_chunks, tasks)
+
+
+def _check(layout: Layout) -> None:
+    if layout.budget < 2:
+        raise ValueError(f"data.max_seq_length={layout.max_seq_length} leaves {layout.budget} tokens for text; "
+                         "use at least 8")
+
+
+def _check_nonempty(corpus: IndexedCorpus, layout: Layout, n: int) -> None:
+    if n == 0:
+        raise ValueError(
+            f"{corpus.prefix}: no '{layout.fmt}' sample can be built ({corpus.num_documents} documents, "
+            f"{corpus.num_sentences} sentences); pair formats need documents of two or more sentences")
+
+
+# -- targets -----------------------------------------------------------------------------------------------------------
+_M1, _M2, _GOLDEN = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic): a bijective, well-mixing hash."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def sentence_targets(index_seed: int, first: int, count: int, budget: int, short_seq_prob: float) -> np.ndarray:
+    """Target tokens of sentences ``[first, first + count)`` (global numbering): a pure function of the seed."""
+    s = np.arange(first, first + count, dtype=np.uint64)
+    h = mix64(s * _GOLDEN + mix64(np.array([index_seed], np.uint64)))
+    u = (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    target = np.full(count, budget, np.int64)
+    short = u < short_seq_prob
+    if short.any():
+        h2 = mix64(h[short] ^ _M2)
+        target[short] = 2 + (h2 % np.uint64(budget - 1)).astype(np.int64)
+    return target
+
+
+# -- one shard, block by block -------------------------------------------------------------------------------------------
+def _shard_chunks(task) -> tuple[np.ndarray, np.ndarray]:
+    """(chunks int64 [c, 3] in global sentence numbers, row sizes for packed doc-sentences) of one shard."""
+    prefix, first, layout, block = task
+    lengths, _, docs = idx_arrays(prefix)
+    n = len(lengths)
+    docs = np.asarray(docs, np.int64)
+    if len(docs) == 0 or docs[-1] != n:
+        docs = np.concatenate([docs[:1] if len(docs) else [0], docs[1:][docs[1:] < n], [n]]).astype(np.int64)
+    L = layout.budget + 2  # the farthest next(s) - s can reach
+    out, packer = [], _Packer(layout.max_seq_length) if layout.packed else None
+    s = 0
+    for b0 in range(0, n, block):
+        b1 = min(n, b0 + block)
+        if s >= b1:
+            continue
+        nxt, cum, target = _next(lengths, docs, b0, b1, min(n, b1 + L), n, first, layout)
+        starts = _walk(nxt, s, b0, b1)
+        s = int(nxt[starts[-1] - b0])  # where the chain goes on, in a later block
+        ends = nxt[starts - b0]
+        tokens = cum[ends - b0] - cum[starts - b0]
+        keep = tokens > 0
+        if layout.fmt in ("segment-pair", "sop-pair", "sentence-pair"):
+            keep &= ends - starts >= 2  # a pair needs two sentences (single-sentence documents cannot make one)
+        chunks = np.stack([starts + first, ends + first, target[starts - b0]], axis=1)[keep]
+        if packer is not None:
+            packer.add(chunks, np.minimum(tokens[keep], layout.budget) + 2)
+        else:
+            out.append(chunks)
+    if packer is not None:
+        return packer.finish()
+    return (np.concatenate(out) if out else np.zeros((0, 3), np.int64)), np.zeros(0, np.int64)
+
+
+def _next(lengths, docs, b0: int, b1: int, w1: int, n: int, first: int, layout: Layout):
+    """next(s) for s in [b0, b1) (shard-local), the window's cumulative costs from b0, and the targets."""
+    idx = np.arange(b0, w1)
+    dend = docs[np.searchsorted(docs, idx, side="right")]
+    cost = np.asarray(lengths[b0:w1], np.int64).copy()
+    if layout.fmt == "full-sentences":
+        cost[idx == dend - 1] += 1  # the separator RoBERTa puts after a document's last sentence
+    cum = np.zeros(w1 - b0 + 1, np.int64)
+    np.cumsum(cost, out=cum[1:])
+    starts = idx[:b1 - b0]
+    target = sentence_targets(layout.index_seed, first + b0, b1 - b0, layout.budget, layout.short_seq_prob)
+    if layout.fmt == "sentence-pair":
         nxt = starts + 2
     else:
-        fit = np.searchsorted(cum, cum[:-1] + target, side="right") - 1  # last e with cost(s..e) <= target
-        nxt = np.maximum(fit, starts + min_sent)
-    if fmt in WITHIN_DOCUMENT:
-        nxt = np.minimum(nxt, doc_end)
-        # A remainder too small to make a sample of its own joins this one (BERT keeps a document's tail).
-        tail = doc_end - nxt
-        nxt = np.where((tail > 0) & (tail < max(min_sent, 2 if fmt == "sentence-pair" else 1)), doc_end, nxt)
-    nxt = np.minimum(nxt, num_sentences)
-
-    chunk_starts = _walk(nxt, num_sentences)
-    chunk_ends = nxt[chunk_starts]
-    n_sent = chunk_ends - chunk_starts
-    tokens = cum[chunk_ends] - cum[chunk_starts]
-    keep = tokens > 0
-    if fmt in ("segment-pair", "sop-pair", "sentence-pair"):
-        keep &= n_sent >= 2  # a pair needs two sentences (single-sentence documents cannot make one)
-    chunks = np.stack([chunk_starts, chunk_ends, target[chunk_starts]], axis=1)[keep].astype(np.int64)
-    if len(chunks) == 0:
-        raise ValueError(
-            f"{corpus.prefix}: no '{fmt}' sample can be built ({corpus.num_documents} documents, "
-            f"{num_sentences} sentences); pair formats need documents of two or more sentences")
-    if fmt == "doc-sentences" and pack:
-        return _pack(chunks, np.minimum(tokens[keep], budget) + 2, max_seq_length)
-    return SampleIndex(chunks, np.arange(len(chunks) + 1, dtype=np.int64))
+        fit = np.searchsorted(cum, cum[:b1 - b0] + target, side="right") - 1 + b0
+        nxt = np.minimum(np.maximum(fit, starts + layout.min_sent), starts + layout.budget)
+    if layout.fmt in WITHIN_DOCUMENT:
+        de = dend[:b1 - b0]
+        nxt = np.minimum(nxt, de)
+        tail = de - nxt
+        nxt = np.where((tail > 0) & (tail < layout.min_tail), de, nxt)
+    return np.minimum(nxt, n), cum, target
 
 
-def _walk(nxt: np.ndarray, end: int) -> np.ndarray:
-    """Start sentences of the chain 0 -> nxt[0] -> ...; one Python step per sample (see the module docstring).
-    ``ndarray.item`` and a typed ``array`` keep memory at 8 bytes per sample (a ``tolist()`` of the sentences
-    would hold ~30 bytes per *sentence* as Python ints)."""
-    out, s, step = array("q"), 0, nxt.item
-    while s < end:
+def _walk(nxt: np.ndarray, s: int, b0: int, b1: int) -> np.ndarray:
+    """Start sentences of the chain s -> nxt[s] -> ... inside [b0, b1): one Python step per sample (~0.1 µs;
+    ``ndarray.item`` and a typed ``array`` keep memory at 8 bytes per sample)."""
+    out, step = array("q"), nxt.item
+    while s < b1:
         out.append(s)
-        s = step(s)
-    return np.frombuffer(out, dtype=np.int64).copy()
+        s = step(s - b0)
+    return np.frombuffer(out, dtype=np.int64).copy() if len(out) else np.zeros(0, np.int64)
 
 
-def _pack(chunks: np.ndarray, row_tokens: np.ndarray, max_seq_length: int) -> SampleIndex:
-    """Next-fit packing of short doc-sentences samples into rows of at most ``max_seq_length`` tokens.
+class _Packer:
+    """Next-fit packing of short doc-sentences samples into rows of at most ``max_seq_length`` tokens, fed block by
+    block. Samples longer than half a row stay alone (they rarely pair up); the short ones, mostly document tails
+    that follow each other in corpus order, share rows. One Python step per sample."""
 
-    Samples longer than half a row stay alone (they rarely pair up); the short ones, mostly document tails that
-    follow each other in corpus order, share rows. One Python step per short sample.
-    """
-    long_rows = row_tokens * 2 > max_seq_length
-    order, ptr = [], [0]
-    open_row: list[int] = []
-    open_tokens = 0
-    is_long_at, tokens_at = long_rows.item, row_tokens.item
-    for i in range(len(row_tokens)):
-        is_long, n = is_long_at(i), tokens_at(i)
-        if is_long:
-            order.append(i)
-            ptr.append(len(order))
-            continue
-        if open_tokens + n > max_seq_length:
-            order.extend(open_row)
-            ptr.append(len(order))
-            open_row, open_tokens = [], 0
-        open_row.append(i)
-        open_tokens += n
-    if open_row:
-        order.extend(open_row)
-        ptr.append(len(order))
-    return SampleIndex(chunks[np.asarray(order, dtype=np.int64)], np.asarray(ptr, dtype=np.int64))
+    def __init__(self, max_seq_length: int):
+        self.T = max_seq_length
+        self.chunks: list[np.ndarray] = []
+        self.order, self.sizes = array("q"), array("q")
+        self.open: list[int] = []
+        self.open_tokens = 0
+        self.seen = 0
+
+    def add(self, chunks: np.ndarray, row_tokens: np.ndarray) -> None:
+        self.chunks.append(chunks)
+        long_rows = (row_tokens * 2 > self.T).tolist()
+        order, sizes = self.order, self.sizes
+        for i, (is_long, n) in enumerate(zip(long_rows, row_tokens.tolist()), start=self.seen):
+            if is_long:
+                order.append(i)
+                sizes.append(1)
+                continue
+            if self.open_tokens + n > self.T:
+                order.extend(self.open)
+                sizes.append(len(self.open))
+                self.open, self.open_tokens = [], 0
+            self.open.append(i)
+            self.open_tokens += n
+        self.seen += len(chunks)
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.open:
+            self.order.extend(self.open)
+            self.sizes.append(len(self.open))
+        chunks = np.concatenate(self.chunks) if self.chunks else np.zeros((0, 3), np.int64)
+        order = np.frombuffer(self.order, np.int64) if len(self.order) else np.zeros(0, np.int64)
+        sizes = np.frombuffer(self.sizes, np.int64).copy() if len(self.sizes) else np.zeros(0, np.int64)
+        return chunks[order], sizes
