@@ -301,3 +301,48 @@ def test_a_waiting_rank_opens_the_file_once_rank_0_has_renamed_it(ragged, tmp_pa
                                   done.set())).start()
     index = load_or_build(corpus, "segment-pair", 48, 0.1, 1, False, CachePolicy(tmp_path, builder=False, timeout=120))
     assert done.wait(60) and is_mapped(index.chunks)
+
+
+def test_the_evaluation_dataset_is_built_once_per_run(en_prepared, en_tokenizer, tmp_path, monkeypatch):
+    import data_prep.manifest
+    import trainer.data.dataset as D
+    from trainer.config import load_config
+    from trainer.pretrain import build_components
+
+    monkeypatch.setattr(data_prep.manifest, "tokenizer_dir", lambda prefix: en_tokenizer.path)  # fixture: no record
+    cfg = load_config("tiny_roberta", [f"data.corpora=[{{prefix: {en_prepared}}}]",
+                                       f"data.valid_corpora=[{{prefix: {en_prepared}}}]", f"data.cache_dir={tmp_path}",
+                                       "train.eval_batches=2", f"run_dir={tmp_path / 'run'}",
+                                       f"model.vocab_size={en_tokenizer.vocab_size}",
+                                       f"model.pad_token_id={en_tokenizer.pad_id}"])
+    splits = []
+    real = D.PretrainingDataset.__init__
+
+    def counting(self, cfg, tokenizer, seed, split="train"):
+        splits.append(split)
+        real(self, cfg, tokenizer, seed, split)
+
+    monkeypatch.setattr(D.PretrainingDataset, "__init__", counting)
+    comps = build_components(cfg, 0, 1, "cpu")
+    evaluations = [[b["input_ids"] for b in comps.eval_batches()] for _ in range(3)]
+    assert splits.count("valid") == 1 and len(evaluations[0]) == 2
+    assert all(torch.equal(a, b) for a, b in zip(evaluations[0], evaluations[2]))  # the same held-out batches
+
+
+def test_offline_builder_then_ranks_that_require_a_prebuilt_index(en_prepared, en_tokenizer, tmp_path, capsys):
+    from trainer.data.build_index import main
+
+    sets = ["--set", f"data.corpora=[{{prefix: {en_prepared}}}]", "--set", f"data.cache_dir={tmp_path}",
+            "--set", "model.vocab_size=2000", "--set", "model.pad_token_id=0", "--set", "data.format=segment-pair"]
+    assert main(["--config", "tiny_roberta", *sets, "--workers", "2", "--resume", "auto"]) == 0
+    (index,) = tmp_path.glob("index-*-segment-pair-*.bfc")
+    mtime = index.stat().st_mtime_ns
+    assert main(["--config", "tiny_roberta", *sets]) == 0 and index.stat().st_mtime_ns == mtime  # found, not rebuilt
+    assert "segment-pair' samples" in capsys.readouterr().out
+    cfg = data_config(en_prepared, format="segment-pair", max_seq_length=64, cache_dir=str(tmp_path),
+                      require_prebuilt_index=True)
+    ds = PretrainingDataset(cfg, en_tokenizer, seed=9)
+    assert ds.builders[0].index.path == index and index.stat().st_mtime_ns == mtime
+    with pytest.raises(FileNotFoundError, match="(?s)require_prebuilt_index.*python -m trainer.data.build_index"):
+        PretrainingDataset(cfg.model_copy(update={"max_seq_length": 96}), en_tokenizer, seed=9)
+    assert main(["--config", "tiny_roberta", "--set", "data.format=nonsense"]) == 2
