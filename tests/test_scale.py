@@ -49,7 +49,7 @@ def reference_index(corpus: IndexedCorpus, fmt: str, T: int, short: float, seed:
     if fmt == "full-sentences":
         cost[doc_end - 1] += 1
     cum = np.concatenate([[0], np.cumsum(cost)])
-    target = sentence_targets(seed, 0, n, budget, short)
+    target = sentence_targets(seed, s, budget, short)
     min_sent = 2 if fmt in ("segment-pair", "sop-pair") else 1
     if fmt == "sentence-pair":
         nxt = s + 2
