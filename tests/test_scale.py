@@ -346,3 +346,23 @@ def test_offline_builder_then_ranks_that_require_a_prebuilt_index(en_prepared, e
     with pytest.raises(FileNotFoundError, match="(?s)require_prebuilt_index.*python -m trainer.data.build_index"):
         PretrainingDataset(cfg.model_copy(update={"max_seq_length": 96}), en_tokenizer, seed=9)
     assert main(["--config", "tiny_roberta", "--set", "data.format=nonsense"]) == 2
+
+
+def test_sidecar_row_pointers_are_written_at_annotation_and_old_sidecars_still_read(tmp_path):
+    from data_prep.sidecar import PTR_SUFFIX, SidecarReader, SidecarWriter
+
+    rng = np.random.default_rng(1)
+    per_sequence = [np.array([[a, a + 2, int(rng.integers(0, 2))] for a in range(0, 2 * int(rng.integers(0, 4)), 2)])
+                    for _ in range(300)]
+    writer = SidecarWriter(tmp_path / "s_00000", spec="external")
+    writer.add_document_spans(per_sequence)
+    assert writer.finalize()["row_pointers"] == "s_00000" + PTR_SUFFIX
+    reader = SidecarReader(tmp_path / "s_00000", expect_sequences=300)
+    assert is_mapped(reader._ptr) and is_mapped(reader.spans)
+    expected = [reader[i].tolist() for i in range(300)]
+    assert expected == [np.asarray(p).reshape(-1, 3).tolist() for p in per_sequence]
+    again = pickle.loads(pickle.dumps(reader))
+    assert len(pickle.dumps(reader)) < 1000 and is_mapped(again._ptr) and again[7].tolist() == expected[7]
+    (tmp_path / ("s_00000" + PTR_SUFFIX)).unlink()  # a side-car written before the pointers existed
+    old = SidecarReader(tmp_path / "s_00000", expect_sequences=300)
+    assert [old[i].tolist() for i in range(300)] == expected and (tmp_path / ("s_00000" + PTR_SUFFIX)).exists()
