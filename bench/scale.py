@@ -12,8 +12,9 @@ size, each measurement in a fresh process:
 - build: corpus arrays + sample index (trainer.data.build_index's work) with 1 and N workers: wall time, peak RSS of
   the builder and of its largest worker (VmHWM, ru_maxrss of children);
 - open: a rank constructing ``PretrainingDataset`` on the prebuilt caches: time, its data path's private memory
-  (Private_Clean + Private_Dirty of /proc/self/smaps_rollup, after minus before: shared file pages not counted) and
-  RSS; time from process start to the first micro-batch (32 samples), with the caches prebuilt and with an empty
+  (/proc/self/smaps_rollup after minus before: Private_Clean + Private_Dirty, and Anonymous: a lone process's
+  touched file pages count as Private_Clean although ranks of a node share them, so Anonymous is the private
+  memory that 8 ranks would each hold) and RSS; time from process start to the first micro-batch (32 samples), with the caches prebuilt and with an empty
   cache (the process builds them: N workers); µs per sample at epoch 0 and at epoch 37; the epoch boundary (the
   first sample of a new epoch minus an ordinary one);
 - old: the previous implementation (``git archive main`` of trainer/ and data_prep/ at the time of writing; pass
@@ -185,6 +186,8 @@ def child_open(a) -> dict:
     out = {"open_s": t1 - t0, "first_batch_after_open_s": t2 - t0, "first_batch_wall": first,
            "private_open": opened["private"] - before["private"], "rss_open": opened["Rss"] - before["Rss"],
            "private_first_batch": after["private"] - before["private"],
+           "anon_open": opened.get("Anonymous", 0) - before.get("Anonymous", 0),
+           "anon_first_batch": after.get("Anonymous", 0) - before.get("Anonymous", 0),
            "rss_first_batch": after["Rss"] - before["Rss"], "samples": len(ds)}
     if a.get("costs"):
         out.update(_sample_costs(ds))
@@ -305,8 +308,9 @@ def report(r: dict, workers: int) -> str:
                  f"with {workers} workers {gb(bn.get('peak', {}).get('self'))} + largest worker "
                  f"{gb(bn.get('peak', {}).get('children'))}; {g(b1, 'samples', fmt='{:,}')} samples, "
                  f"{gb(b1.get('bytes_on_disk'))} on disk")
-    lines.append(f"new rank: open {g(op, 'open_s')} s, private {gb(op.get('private_open'))} (RSS "
-                 f"{gb(op.get('rss_open'))}), after first batch private {gb(op.get('private_first_batch'))}; "
+    lines.append(f"new rank: open {g(op, 'open_s')} s, private {gb(op.get('private_open'))} (anonymous "
+                 f"{gb(op.get('anon_open'))}, RSS {gb(op.get('rss_open'))}), after first batch private "
+                 f"{gb(op.get('private_first_batch'))} (anonymous {gb(op.get('anon_first_batch'))}); "
                  f"start->first batch {g(op, 'start_to_first_batch_s')} s prebuilt, "
                  f"{g(co, 'start_to_first_batch_s')} s with an empty cache; µs/sample epoch 0 "
                  f"{g(op, 'us_per_sample_epoch0', fmt='{:.0f}')}, epoch 37 {g(op, 'us_per_sample_epoch37', fmt='{:.0f}')}"
@@ -318,8 +322,9 @@ def report(r: dict, workers: int) -> str:
                      f"{gb(m.get('peak', {}).get('self'))}")
     if "old_build" in r:
         ob, oo = r["old_build"], r["old_open"]
-        lines.append(f"previous build: {g(ob, 'total_s')} s, peak RSS {gb(ob.get('peak', {}).get('self'))}; rank "
-                     f"private {gb(oo.get('private_open'))}, after first batch {gb(oo.get('private_first_batch'))};"
+        lines.append(f"previous build: {g(ob, 'total_s')} s (corpus {g(ob, 'corpus_s')} s, index {g(ob, 'index_s')}"
+                     f" s), peak RSS {gb(ob.get('peak', {}).get('self'))}; rank private {gb(oo.get('private_open'))} "
+                     f"(anonymous {gb(oo.get('anon_open'))}), after first batch {gb(oo.get('private_first_batch'))};"
                      f" start->first batch {g(oo, 'start_to_first_batch_s')} s prebuilt; epoch boundary "
                      f"{g(oo, 'epoch_boundary_ms', fmt='{:.0f}')} ms; µs/sample epoch 0 "
                      f"{g(oo, 'us_per_sample_epoch0', fmt='{:.0f}')}")

@@ -366,3 +366,13 @@ def test_sidecar_row_pointers_are_written_at_annotation_and_old_sidecars_still_r
     (tmp_path / ("s_00000" + PTR_SUFFIX)).unlink()  # a side-car written before the pointers existed
     old = SidecarReader(tmp_path / "s_00000", expect_sequences=300)
     assert [old[i].tolist() for i in range(300)] == expected and (tmp_path / ("s_00000" + PTR_SUFFIX)).exists()
+
+
+def test_scalar_and_vectorised_targets_agree():
+    from trainer.data.sample_index import Layout, _target1
+
+    lay = Layout("segment-pair", 128, 0.3, 77, False)
+    s = np.arange(10**9, 10**9 + 5000)
+    t = sentence_targets(77, s, lay.budget, 0.3)
+    assert [_target1(lay, int(x)) for x in s] == t.tolist()
+    assert 0.25 < np.mean(t < lay.budget) < 0.35 and t.min() >= 2 and t.max() == lay.budget

@@ -113,7 +113,7 @@ class CacheWriter:
         part = np.ascontiguousarray(part, dtype=spec[0])
         if part.shape[1:] != spec[1]:
             raise ValueError(f"{name}: rows of shape {part.shape[1:]}, declared {spec[1]}")
-        self._f.write(part.tobytes())
+        self._f.write(memoryview(part).cast("B"))  # no copy
         spec[2] += len(part)
 
     def commit(self, meta: dict | None = None) -> Path:

@@ -137,14 +137,18 @@ class IndexedCorpus:
                 lengths, pointers, _ = idx_arrays(shard.prefix)
                 offsets = np.cumsum(lengths, dtype=np.int64)
                 # a slice of one mapped array costs ~1 µs where IndexedDataset.get costs ~20 µs, which needs the
-                # sentences back to back in the .bin as megatron-core's builder writes them: checked here, once
-                expected = np.concatenate([[0], offsets[:-1]]) * shard.dtype.itemsize
-                if not np.array_equal(pointers, expected):
+                # sentences back to back in the .bin as megatron-core's builder writes them: checked here, once, on
+                # every 1024th sentence and the last (a builder that reorders writes shows up there; all of them
+                # would read 8 bytes per sentence more)
+                check = np.unique(np.r_[np.arange(1, len(offsets), 1024), len(offsets) - 1]) if len(offsets) else []
+                if len(check) and not np.array_equal(pointers[check], offsets[check - 1] * shard.dtype.itemsize):
                     raise ValueError(f"{shard.prefix}.bin does not hold its sentences back to back as the .idx pointers"
                                      " say; it was not written by megatron-core's IndexedDatasetBuilder: rebuild the "
                                      "corpus")
-                w.append("token_offsets", offsets + base)
-                base += int(offsets[-1]) if len(offsets) else 0
+                total = int(offsets[-1]) if len(offsets) else 0
+                offsets += base
+                w.append("token_offsets", offsets)
+                base += total
             w.append("doc_starts", np.zeros(1, np.int64))
             for shard in self._shards:
                 _, _, docs = idx_arrays(shard.prefix)

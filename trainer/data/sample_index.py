@@ -247,6 +247,24 @@ def sentence_targets(index_seed: int, sentences: np.ndarray, budget: int, short_
     return target
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix1(x: int) -> int:
+    """``mix64`` of one Python int (the same bits)."""
+    x = ((x ^ (x >> 30)) * int(_M1)) & _MASK64
+    x = ((x ^ (x >> 27)) * int(_M2)) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _target1(layout: Layout, sentence: int) -> int:
+    """``sentence_targets`` of one global sentence, in Python (tested equal)."""
+    h = _mix1((sentence * int(_GOLDEN) + _mix1(layout.index_seed)) & _MASK64)
+    if (h >> 11) * 2.0 ** -53 < layout.short_seq_prob:
+        return 2 + _mix1(h ^ int(_M2)) % (layout.budget - 1)
+    return layout.budget
+
+
 # -- one shard, block by block -------------------------------------------------------------------------------------------
 def _shard_chunks(task) -> tuple[np.ndarray, np.ndarray]:
     """(chunks int64 [c, 3] in global sentence numbers, row sizes for packed doc-sentences) of one shard."""
@@ -319,6 +337,25 @@ class _Window:
             nxt = np.where((tail > 0) & (tail < lay.min_tail), de, nxt)
         return np.minimum(nxt, self.n)
 
+    def next1(self, s: int) -> int:
+        """``next`` of one sentence in plain Python (~2 µs): for the few long documents left at the end of a block,
+        where a numpy call per step would cost more than the step."""
+        lay, local = self.layout, s - self.b0
+        if lay.fmt == "sentence-pair":
+            nxt = s + 2
+        else:
+            cum, e, last = self.cum, local, len(self.cum) - 1
+            limit = int(cum[local]) + _target1(lay, s + self.first)
+            while e < last and e - local < lay.budget and cum[e + 1] <= limit:
+                e += 1
+            nxt = min(max(e + self.b0, s + lay.min_sent), s + lay.budget)
+        if lay.fmt in WITHIN_DOCUMENT:
+            de = int(self.dend[local])
+            nxt = min(nxt, de)
+            if 0 < de - nxt < lay.min_tail:
+                nxt = de
+        return min(nxt, self.n)
+
 
 _K = np.arange(1, 17)
 
@@ -361,12 +398,24 @@ def _walk_documents(w: _Window, s: int, b1: int) -> tuple[np.ndarray, np.ndarray
     d = w.docs[(w.docs >= s) & (w.docs < b1)]
     frontier = np.unique(np.concatenate([[s], d])).astype(np.int64)
     starts, ends = [], []
-    while len(frontier):
+    while len(frontier) > 64:  # numpy steps while many documents are still open ...
         nxt = w.next(frontier)
         starts.append(frontier)
         ends.append(nxt)
         go_on = (nxt < w.dend[frontier - w.b0]) & (nxt < b1)  # still inside its document and this block
         frontier = nxt[go_on]
+    tail_starts, tail_ends = array("q"), array("q")
+    for x in frontier.tolist():  # ... then the few long ones in Python
+        end = int(w.dend[x - w.b0])
+        while True:
+            y = w.next1(x)
+            tail_starts.append(x)
+            tail_ends.append(y)
+            if y >= end or y >= b1:
+                break
+            x = y
+    starts.append(np.frombuffer(tail_starts, np.int64) if len(tail_starts) else np.zeros(0, np.int64))
+    ends.append(np.frombuffer(tail_ends, np.int64) if len(tail_ends) else np.zeros(0, np.int64))
     starts, ends = np.concatenate(starts), np.concatenate(ends)
     order = np.argsort(starts, kind="stable")
     return starts[order], ends[order]
