@@ -104,6 +104,12 @@ def smaps() -> dict:
     return out
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (less sensitive than wall time to a shared machine)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def peak_rss() -> dict:
     hwm = [line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM")]
     return {"self": int(hwm[0].split()[1]) * 1024,
@@ -132,13 +138,14 @@ def child_build(a) -> dict:
     from trainer.data.sample_index import load_or_build
 
     policy = CachePolicy(Path(a["cache"]), workers=a["workers"])
+    c0 = cpu_seconds()
     t0 = time.perf_counter()
     corpus = IndexedCorpus(a["prefix"], policy)
     t1 = time.perf_counter()
     index = load_or_build(corpus, a["fmt"], a["seq"], 0.1, 1234, False, policy)
     t2 = time.perf_counter()
     return {"corpus_s": t1 - t0, "index_s": t2 - t1, "total_s": t2 - t0, "samples": len(index),
-            "peak": peak_rss(), "bytes_on_disk": sum(p.stat().st_size for p in Path(a["cache"]).glob("*.bfc"))}
+            "cpu_s": cpu_seconds() - c0, "peak": peak_rss(), "bytes_on_disk": sum(p.stat().st_size for p in Path(a["cache"]).glob("*.bfc"))}
 
 
 def _sample_costs(ds, n=2000) -> dict:
@@ -202,6 +209,7 @@ def child_megatron(a) -> dict:
     from trainer.data.cache_file import CachePolicy
 
     corpus = IndexedCorpus(a["prefix"], CachePolicy(Path(a["cache"])))
+    c0 = cpu_seconds()
     t0 = time.perf_counter()
     # BERTMaskedWordPieceDataset's inputs: one IndexedDataset's arrays; a sharded corpus concatenated into one
     sizes = np.concatenate([idx_arrays(p)[0] for p, _, _ in corpus.shards]).astype(np.int32)
@@ -209,6 +217,7 @@ def child_megatron(a) -> dict:
     t1 = time.perf_counter()
     mapping = helpers.build_mapping(docs, sizes, 1, np.iinfo(np.int64).max - 1, a["seq"] - 3, 0.1, 1234, False, 2)
     t2 = time.perf_counter()
+    bert_cpu = cpu_seconds() - c0
     del mapping
     bert_peak = peak_rss()["self"]
     # GPTDataset's: every .idx sequence is a document; shuffled document index, sample index, shuffle index
@@ -222,7 +231,7 @@ def child_megatron(a) -> dict:
     rng.shuffle(shuffle)
     t4 = time.perf_counter()
     return {"bert_arrays_s": t1 - t0, "bert_build_mapping_s": t2 - t1, "bert_total_s": t2 - t0,
-            "bert_peak": bert_peak, "gpt_total_s": t4 - t3 + (t1 - t0), "gpt_samples": len(shuffle),
+            "bert_cpu_s": bert_cpu, "bert_peak": bert_peak, "gpt_total_s": t4 - t3 + (t1 - t0), "gpt_samples": len(shuffle),
             "peak": peak_rss()}
 
 
@@ -230,12 +239,16 @@ def child_old_build(a) -> dict:
     from trainer.data.corpus import IndexedCorpus
     from trainer.data.sample_index import load_or_build
 
+    from megatron.core.datasets.indexed_dataset import IndexedDataset  # noqa: F401  (its import is not the build)
+
+    c0 = cpu_seconds()
     t0 = time.perf_counter()
     corpus = IndexedCorpus(a["prefix"])
     t1 = time.perf_counter()
     index = load_or_build(corpus, a["fmt"], a["seq"], 0.1, 7, False, a["cache"])
     t2 = time.perf_counter()
-    return {"corpus_s": t1 - t0, "index_s": t2 - t1, "total_s": t2 - t0, "samples": len(index), "peak": peak_rss()}
+    return {"corpus_s": t1 - t0, "index_s": t2 - t1, "total_s": t2 - t0, "samples": len(index),
+            "cpu_s": cpu_seconds() - c0, "peak": peak_rss()}
 
 
 CHILDREN = {"build": child_build, "open": child_open, "megatron": child_megatron, "old-build": child_old_build}
@@ -303,7 +316,8 @@ def report(r: dict, workers: int) -> str:
 
     lines = [f"== {r['sentences']:,} sentences =="]
     b1, bn, op, co = r["build_1"], r["build_n"], r["open"], r["cold_open"]
-    lines.append(f"new build (corpus arrays + index): 1 worker {g(b1, 'total_s')} s (index {g(b1, 'index_s')} s), "
+    lines.append(f"new build (corpus arrays + index): 1 worker {g(b1, 'total_s')} s (index {g(b1, 'index_s')} s, "
+                 f"CPU {g(b1, 'cpu_s')} s), "
                  f"{workers} workers {g(bn, 'total_s')} s; peak RSS builder {gb(b1.get('peak', {}).get('self'))}, "
                  f"with {workers} workers {gb(bn.get('peak', {}).get('self'))} + largest worker "
                  f"{gb(bn.get('peak', {}).get('children'))}; {g(b1, 'samples', fmt='{:,}')} samples, "
@@ -317,13 +331,14 @@ def report(r: dict, workers: int) -> str:
                  f"; epoch boundary {g(op, 'epoch_boundary_ms', fmt='{:.3f}')} ms")
     if "megatron" in r:
         m = r["megatron"]
-        lines.append(f"megatron-core BERT build_mapping: {g(m, 'bert_total_s')} s (arrays {g(m, 'bert_arrays_s')} s),"
+        lines.append(f"megatron-core BERT build_mapping: {g(m, 'bert_total_s')} s (arrays {g(m, 'bert_arrays_s')} s, "
+                     f"CPU {g(m, 'bert_cpu_s')} s),"
                      f" peak RSS {gb(m.get('bert_peak'))}; GPT sample+shuffle index {g(m, 'gpt_total_s')} s, peak "
                      f"{gb(m.get('peak', {}).get('self'))}")
     if "old_build" in r:
         ob, oo = r["old_build"], r["old_open"]
         lines.append(f"previous build: {g(ob, 'total_s')} s (corpus {g(ob, 'corpus_s')} s, index {g(ob, 'index_s')}"
-                     f" s), peak RSS {gb(ob.get('peak', {}).get('self'))}; rank private {gb(oo.get('private_open'))} "
+                     f" s, CPU {g(ob, 'cpu_s')} s), peak RSS {gb(ob.get('peak', {}).get('self'))}; rank private {gb(oo.get('private_open'))} "
                      f"(anonymous {gb(oo.get('anon_open'))}), after first batch {gb(oo.get('private_first_batch'))};"
                      f" start->first batch {g(oo, 'start_to_first_batch_s')} s prebuilt; epoch boundary "
                      f"{g(oo, 'epoch_boundary_ms', fmt='{:.0f}')} ms; µs/sample epoch 0 "
