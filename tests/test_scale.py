@@ -376,3 +376,15 @@ def test_scalar_and_vectorised_targets_agree():
     t = sentence_targets(77, s, lay.budget, 0.3)
     assert [_target1(lay, int(x)) for x in s] == t.tolist()
     assert 0.25 < np.mean(t < lay.budget) < 0.35 and t.min() >= 2 and t.max() == lay.budget
+
+
+def test_a_corpus_of_many_shards_fits_the_cache_header(tmp_path):
+    """The header has a fixed size: what it holds must not grow with the number of shards (the settings, with the
+    corpus fingerprint, go to a description file beside the cache file)."""
+    prefix = write_shards([[[5 + i % 50, 6], [7, 8 + i % 30]] for i in range(400)], tmp_path / "many", 100,
+                          docs_per_shard=1)
+    corpus = IndexedCorpus(prefix, CachePolicy(tmp_path / "c"))
+    assert len(corpus.shards) == 400
+    index = load_or_build(corpus, "segment-pair", 32, 0.1, 1, False, CachePolicy(tmp_path / "c", workers=2))
+    assert len(index) == 400 and read_header(index.path)["meta"]["samples"] == 400
+    assert index.path.with_name(index.path.name + ".json").exists()

@@ -193,9 +193,19 @@ def write_index(corpus: IndexedCorpus, layout: Layout, path: Path, key: str, set
                     w.append("row_ptr", ptr)
                     base = int(ptr[-1])
                 del sizes
-            w.commit({"packed": layout.packed, "settings": settings, "samples": int(total)})
+            # the settings themselves go beside the file (the header has a fixed size; a corpus of thousands of shards
+            # has a fingerprint of hundreds of kB)
+            w.commit({"packed": layout.packed, "format": layout.fmt, "samples": int(total)})
         finally:
             rows_tmp.unlink(missing_ok=True)
+    _write_description(path, settings)
+
+
+def _write_description(path: Path, settings: dict) -> None:
+    """``NAME.json`` beside a cache file: what it was built from, for people (nothing reads it back)."""
+    tmp = path.with_name(f".{path.name}.json.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(settings, indent=1, sort_keys=True))
+    os.replace(tmp, path.with_name(path.name + ".json"))
 
 
 def _run(tasks: list, workers: int):
