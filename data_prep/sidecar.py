@@ -7,9 +7,13 @@ phrase or a named entity. They are computed once at data-prep time and stored be
                             exclusive, ``sequence`` the index of the sequence (sentence) inside the shard, exactly as
                             megatron-core's ``IndexedDataset(PREFIX_00000)[sequence]`` numbers them; ``kind`` 0 =
                             entity, 1 = phrase. Rows sorted by (sequence, token_start). Opened with ``mmap_mode="r"``.
+``PREFIX_00000.spans.ptr.npy`` int64 ``[N + 1]`` row pointers: the spans of sequence ``s`` are rows
+                            ``ptr[s]:ptr[s + 1]``. Written at annotation time and memory-mapped, so a reader holds
+                            nothing per sequence (side-cars written before it existed get it on first open:
+                            ``SidecarReader``).
 ``PREFIX_00000.spans.json`` ``{"format": "bertfamily-spans", "version": 1, "annotator": SPEC, "sequences": N,
-                            "spans": M, "kinds": ["entity", "phrase"], "stats": {...}}``; written last, so its presence
-                            marks a complete side-car.
+                            "spans": M, "kinds": ["entity", "phrase"], "row_pointers": "NAME.spans.ptr.npy",
+                            "stats": {...}}``; written last, so its presence marks a complete side-car.
 
 Spans never cross a sequence boundary (a sample is built from whole sequences, so such a span could not be masked
 whole anyway). Spans of one kind do not overlap; an entity and a phrase may. The hook for ``build_indexed.py``
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Sequence
@@ -37,6 +42,7 @@ KINDS = ("entity", "phrase")
 ENTITY, PHRASE = 0, 1
 FORMAT = "bertfamily-spans"
 VERSION = 1
+PTR_SUFFIX = ".spans.ptr.npy"
 
 
 def _dedupe_kind_overlaps(spans: np.ndarray) -> np.ndarray:
@@ -98,12 +104,14 @@ class SidecarWriter:
             misses = getattr(self._doc.annotator, "misses", None)
             if misses is not None:
                 stats["unannotated_sequences"] = misses
+        npy, js, ptr = self.prefix + ".spans.npy", self.prefix + ".spans.json", self.prefix + PTR_SUFFIX
         header = {"format": FORMAT, "version": VERSION, "annotator": self.spec, "sequences": self._sequences,
-                  "spans": int(len(arr)), "kinds": list(KINDS), "stats": stats}
-        npy, js = self.prefix + ".spans.npy", self.prefix + ".spans.json"
+                  "spans": int(len(arr)), "kinds": list(KINDS), "row_pointers": os.path.basename(ptr),
+                  "stats": stats}
         with open(npy + ".tmp", "wb") as f:
             np.save(f, arr)
         os.replace(npy + ".tmp", npy)
+        _save_atomic(ptr, row_pointers(arr, self._sequences))
         with open(js + ".tmp", "w", encoding="utf-8") as f:
             json.dump(header, f, indent=1, ensure_ascii=False)
         os.replace(js + ".tmp", js)
@@ -128,12 +136,37 @@ class SidecarReader:
         if expect_sequences is not None and expect_sequences != self.sequences:
             raise ValueError(f"{js} covers {self.sequences} sequences but the shard has {expect_sequences}: "
                              "the side-car belongs to another build; rebuild with --annotate")
-        self.spans = np.load(self.prefix + ".spans.npy", mmap_mode="r")
+        self.spans = np.load(self.prefix + ".spans.npy", mmap_mode="r").view(np.ndarray)
         if self.spans.shape != (self.header["spans"], 4):
             raise ValueError(f"{self.prefix}.spans.npy has shape {self.spans.shape}, header says "
                              f"({self.header['spans']}, 4): the file is truncated or from another build")
-        # Row pointer per sequence (CSR): 8 bytes per sequence, computed once at open from the sorted column.
-        self._ptr = np.searchsorted(np.asarray(self.spans[:, 0]), np.arange(self.sequences + 1), side="left")
+        self._ptr = self._row_pointers()
+
+    def _row_pointers(self) -> np.ndarray:
+        """The mapped row pointers; a side-car written before they existed gets them computed once and saved
+        beside it (8 bytes per sequence in memory only if its folder is read-only)."""
+        path = self.prefix + PTR_SUFFIX
+        if os.path.exists(path):
+            ptr = np.load(path, mmap_mode="r")
+            if ptr.shape == (self.sequences + 1,) and int(ptr[-1]) == len(self.spans):
+                return ptr.view(np.ndarray)
+            warnings.warn(f"{path} does not match {self.prefix}.spans.json ({ptr.shape[0]} pointers for "
+                          f"{self.sequences} sequences): recomputing it", stacklevel=3)
+        ptr = row_pointers(self.spans, self.sequences)
+        try:
+            _save_atomic(path, ptr)
+        except OSError as err:
+            warnings.warn(f"{self.prefix}: cannot save the side-car's row pointers ({err}); each process holds "
+                          f"them in memory (8 bytes per sequence). Re-annotate with `python -m data_prep.annotate "
+                          f"PREFIX --annotate SPEC` into a writable folder to have them written", stacklevel=3)
+            return ptr
+        return np.load(path, mmap_mode="r").view(np.ndarray)
+
+    def __getstate__(self):
+        return {"prefix": self.prefix, "sequences": self.sequences}  # workers map the files again
+
+    def __setstate__(self, state):
+        self.__init__(state["prefix"], state["sequences"])
 
     def __len__(self) -> int:
         return self.sequences
@@ -144,6 +177,28 @@ class SidecarReader:
     def range(self, first: int, stop: int) -> np.ndarray:
         """All spans of sequences ``[first, stop)``, ``int32 [k, 4]`` with the sequence index in column 0."""
         return np.asarray(self.spans[self._ptr[first]:self._ptr[stop]])
+
+
+def row_pointers(spans: np.ndarray, sequences: int) -> np.ndarray:
+    """CSR pointers of rows sorted by sequence: int64 [sequences + 1]. Computed in blocks of sequences so that the
+    sorted column is read once and the work memory stays bounded."""
+    ptr = np.empty(sequences + 1, np.int64)
+    col = spans[:, 0] if len(spans) else np.zeros(0, np.int32)
+    step = 1 << 20
+    for lo in range(0, sequences + 1, step):
+        ptr[lo:lo + step] = np.searchsorted(col, np.arange(lo, min(lo + step, sequences + 1)), side="left")
+    return ptr
+
+
+def _save_atomic(path: str, arr: np.ndarray) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, arr)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def place_spans(spans_per_sequence: Sequence[np.ndarray], starts: Sequence[int], lengths: Sequence[int]

@@ -31,6 +31,10 @@
 #                     the job after this long instead of holding the allocation until the time limit)
 #   SAVE_TIMEOUT      seconds torchrun lets ranks finish their preemption checkpoint before SIGKILL (default 540;
 #                     keep it below the lead time of --signal=B:USR1@N and above the time one save takes)
+#   BUILD_INDEX       1 (default): before each launch, build the run's data caches (corpus arrays, sample index) on
+#                     the batch host with trainer.data.build_index, so no rank waits for them; skipped in seconds
+#                     when they exist. 0: leave it to rank 0 at start (the other ranks wait, data.index_wait_timeout)
+#   INDEX_WORKERS     processes for that build (default: the CPUs Slurm gave the batch host)
 #
 # Why bash and not Python: this runs before any environment is activated, on the batch host, and must stay
 # readable to the operators who edit it for their site.
@@ -153,6 +157,16 @@ bf_train() {
         || bf_die "config $config ${BF_SETS[*]} $* is invalid (message above); nothing was launched"
     bf_log "run $run_dir: config $config; per-rank logs in $BF_LOG_DIR/node*/"
     if [ -n "$BF_SIGNAL" ]; then BF_RC=$BF_EXIT_REQUEUE; return 0; fi  # told to stop before anything started
+    # The data caches once, here, before any node starts: a 2B-sentence index takes minutes to build, which every GPU
+    # of the job would otherwise spend waiting for rank 0. An existing, valid cache is only checked (seconds).
+    if [ "${BUILD_INDEX:-1}" != 0 ]; then
+        python -m trainer.data.build_index --config "$config" "${BF_SETS[@]}" "$@" \
+            --workers "${INDEX_WORKERS:-${SLURM_CPUS_ON_NODE:-1}}" >"$BF_LOG_DIR/build_index.log" 2>&1 \
+            || { cat "$BF_LOG_DIR/build_index.log" >&2; bf_die "building the data caches of $config failed (message \
+above, $BF_LOG_DIR/build_index.log); nothing was launched"; }
+        bf_log "data caches ready ($(tail -n 1 "$BF_LOG_DIR/build_index.log"))"
+        if [ -n "$BF_SIGNAL" ]; then BF_RC=$BF_EXIT_REQUEUE; return 0; fi
+    fi
 
     # One task per node, each a torchrun for that node's ranks. --kill-on-bad-exit: the first node whose torchrun
     # fails (a rank died, rendezvous timed out) ends the whole step instead of leaving the others blocked in a

@@ -280,11 +280,13 @@ def test_pairs_fit_and_short_seq_prob_makes_short_samples(en_prepared):
 def test_index_cache_is_reused_and_keyed_by_settings(en_prepared, tmp_path):
     corpus = IndexedCorpus(en_prepared)
     a = load_or_build(corpus, "full-sentences", 128, 0.1, 5, True, tmp_path)
-    files = sorted(p.name for p in tmp_path.glob("*.npy"))
+    files = sorted(p.name for p in tmp_path.glob("index-*.bfc"))
+    mtime = (tmp_path / files[0]).stat().st_mtime_ns
     b = load_or_build(corpus, "full-sentences", 128, 0.1, 5, True, tmp_path)
-    assert sorted(p.name for p in tmp_path.glob("*.npy")) == files and np.array_equal(a.chunks, b.chunks)
+    assert sorted(p.name for p in tmp_path.glob("index-*.bfc")) == files and np.array_equal(a.chunks, b.chunks)
+    assert (tmp_path / files[0]).stat().st_mtime_ns == mtime  # mapped, not rebuilt
     load_or_build(corpus, "full-sentences", 256, 0.1, 5, True, tmp_path)
-    assert len(list(tmp_path.glob("*-chunks.npy"))) == 2
+    assert len(list(tmp_path.glob("index-*.bfc"))) == 2
 
 
 def test_dataset_sample_contract(en_prepared, en_tokenizer, tmp_path):
@@ -327,4 +329,4 @@ def test_concurrent_index_builds_agree(en_prepared, tmp_path):
         p.join(timeout=60)
         assert p.exitcode == 0
     assert len(set(results)) == 1
-    assert len(list(tmp_path.glob("*-chunks.npy"))) == 1 and not list(tmp_path.glob("*.tmp*"))
+    assert len(list(tmp_path.glob("index-*.bfc"))) == 1 and not list(tmp_path.glob("*.tmp*"))

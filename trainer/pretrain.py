@@ -65,7 +65,8 @@ def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) ->
     ``build_components`` if it has one (ERNIE, DESIGN.md "Objectives"), else its model on ``trainer/data``'s samples."""
     from data_prep.manifest import read_manifest, tokenizer_dir
     from data_prep.tokenizer import load_tokenizer
-    from trainer.data.loader import build_pretraining_loader
+    from trainer.data.dataset import PretrainingDataset
+    from trainer.data.loader import Collator, build_dataloader, build_pretraining_loader
     from trainer.loop import Components
     from trainer.metrics import model_flops_per_token
     from trainer.objectives import get_objective
@@ -88,11 +89,16 @@ def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) ->
                                              world_size, total_samples=total, split="train")
         return iter(loader)
 
+    valid = []  # the evaluation dataset, built at the first evaluation and kept for the run
+
     def eval_batches():
         per_eval = cfg.train.eval_batches * cfg.train.micro_batch_size * world_size
-        loader, _ = build_pretraining_loader(cfg.data, tokenizer, cfg.seed, 0, per_eval, cfg.train.micro_batch_size,
-                                             rank, world_size, total_samples=per_eval, split="valid")
-        return loader
+        if not valid:
+            valid.append(PretrainingDataset(cfg.data, tokenizer, cfg.seed, split="valid"))
+        collator = Collator(tokenizer.pad_id, cfg.data.max_seq_length, cfg.data.masking.max_predictions_per_seq,
+                            cfg.data.pad_to)
+        return build_dataloader(valid[0], collator, 0, per_eval, cfg.train.micro_batch_size, rank, world_size,
+                                per_eval, cfg.data.num_workers, cfg.data.prefetch_factor)
 
     flops = model_flops_per_token(model, cfg.data.max_seq_length, cfg.model.num_layers, cfg.model.hidden_size)
     return Components(model=model, loss=objective.loss, train_batches=train_batches,

@@ -72,6 +72,19 @@ class DataConfig(BaseModel):
     num_workers: int = Field(2, ge=0)
     prefetch_factor: int = Field(4, ge=1)
     cache_dir: str | None = None
-    """where derived index arrays are cached (.npy); default: an ``index_cache`` folder beside the first manifest"""
+    """where the derived arrays (corpus offsets, sample index) are cached, as memory-mapped files shared by every rank
+    of a node; default: an ``index_cache`` folder beside the first manifest. Must be shared by all nodes (or
+    prebuilt on each): only global rank 0 builds, the other ranks wait for its file"""
+    index_seed: int = Field(1234, ge=0, lt=2**63)
+    """seed of the sample layout's randomness (short-sequence targets); separate from the training seed so that a
+    new training seed reuses the index (the order of samples follows the training seed)"""
+    index_workers: int = Field(0, ge=0)
+    """processes building a missing sample index at training start (0: the CPUs of the node, at most 16); the
+    offline builder takes --workers instead"""
+    index_wait_timeout: float = Field(3600.0, gt=0)
+    """seconds the ranks other than 0 wait for rank 0 to finish a missing index before failing with its path"""
+    require_prebuilt_index: bool = False
+    """fail at once, printing the command that builds it, when an index is missing instead of building it at start
+    (`python -m trainer.data.build_index --config RECIPE`, which the Slurm templates run before launching)"""
     blend_period: int = Field(1_000_000, ge=1)
     """blending pattern length: weights are met exactly within each period of this many samples"""

@@ -1,21 +1,28 @@
 """Read a prepared corpus: ``PREFIX.manifest.json`` plus megatron-core indexed shards, as one sentence/document space.
 
-Shards are opened with megatron-core's ``IndexedDataset`` (the ``.idx``: lengths, documents); a shard's tokens are
-memory-mapped the first time a sentence in it is read, so a process that only needs the index arrays (rank 0
-building the sample index) never maps the token files, and a DataLoader worker maps its own after fork.
-
 Global numbering concatenates the shards in manifest order:
 
     shard 0: documents [0, D0), sentences [0, S0)
     shard 1: documents [D0, D0 + D1), sentences [S0, S0 + S1)
 
 ``doc_starts`` has ``num_documents + 1`` entries (like megatron's ``document_indices``); document ``d`` holds
-sentences ``[doc_starts[d], doc_starts[d + 1])``. Sentences of one shard are contiguous in its ``.bin``, so any
-sentence range inside a shard is one mmap slice: ``read(s, e)`` costs one read per shard it touches.
+sentences ``[doc_starts[d], doc_starts[d + 1])``. ``token_offsets[s]`` is where sentence ``s`` starts in the
+concatenated token stream. Sentences of one shard are contiguous in its ``.bin``, so any sentence range inside a
+shard is one slice of its map: ``read(s, e)`` costs one read per shard it touches.
+
+Memory: nothing per sentence is private. ``token_offsets`` and ``doc_starts`` are views of one cache file
+(trainer/data/cache_file.py) written once, shard by shard (bounded memory), and mapped by every rank and worker of
+a node (one page-cache copy); the ``.bin`` token files are mapped lazily by the process that reads them. Pickling
+(DataLoader workers under ``spawn``/``forkserver``) sends the paths, and the worker maps the files again.
+
+The ``.idx`` arrays are mapped with numpy at the offsets of megatron-core's documented layout (``idx_arrays``)
+instead of through ``IndexedDataset``: importing megatron.core costs seconds in every index-builder process, and the
+layout is checked against ``IndexedDataset`` in tests/test_scale.py.
 """
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,50 +30,130 @@ import numpy as np
 
 from data_prep.manifest import manifest_path, read_manifest
 
+from .cache_file import CachePolicy, CacheWriter, ensure, launcher_rank
+
+CORPUS_CACHE_VERSION = 1
+IDX_MAGIC = b"MMIDIDX\x00\x00"  # megatron-core's _INDEX_HEADER
+IDX_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
+              8: np.uint16}  # megatron-core's DType codes
+
+
+@dataclass
+class IdxHeader:
+    dtype: np.dtype
+    sequences: int
+    documents: int  # entries of document_indices (documents + 1)
+    offset: int  # where sequence_lengths start
+
+
+def idx_header(shard_prefix: str) -> IdxHeader:
+    """The counts and token dtype of a shard's ``.idx`` (34 bytes read, nothing mapped)."""
+    for suffix in (".bin", ".idx"):
+        if not os.path.exists(shard_prefix + suffix):
+            raise FileNotFoundError(f"{shard_prefix}{suffix} is missing: the manifest lists it; rebuild the corpus")
+    with open(shard_prefix + ".idx", "rb") as f:
+        head = f.read(34)
+    if len(head) < 34 or head[:9] != IDX_MAGIC or struct.unpack("<Q", head[9:17])[0] != 1:
+        raise ValueError(f"{shard_prefix}.idx is not a megatron-core indexed dataset index (version 1)")
+    code = head[17]
+    if code not in IDX_DTYPES:
+        raise ValueError(f"{shard_prefix}.idx: unknown token dtype code {code}")
+    seqs, docs = struct.unpack("<QQ", head[18:34])
+    return IdxHeader(np.dtype(IDX_DTYPES[code]), seqs, docs, 34)
+
+
+def idx_arrays(shard_prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sequence_lengths int32 [S], sequence_pointers int64 [S], document_indices int64 [D + 1]) of a shard, as
+    read-only maps of its ``.idx`` (the arrays ``IndexedDataset`` exposes)."""
+    h = idx_header(shard_prefix)
+    if h.sequences == 0 and h.documents <= 1:
+        return np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(max(h.documents, 1), np.int64)
+    mm = np.memmap(shard_prefix + ".idx", dtype=np.uint8, mode="r")
+    o = h.offset
+    lengths = np.frombuffer(mm, np.int32, h.sequences, o)
+    pointers = np.frombuffer(mm, np.int64, h.sequences, o + 4 * h.sequences)
+    docs = np.frombuffer(mm, np.int64, h.documents, o + 12 * h.sequences)
+    return lengths, pointers, docs
+
+
 @dataclass
 class _Shard:
     prefix: str
     first_sentence: int
+    dtype: np.dtype
     tokens: np.ndarray | None = None  # the .bin as a flat token array (mmap), opened on first read
 
 
 class IndexedCorpus:
     """Documents and sentences of one prepared corpus (all its shards).
 
-    ``sentence_lengths`` (int32) and ``doc_starts`` (int64) are whole-corpus numpy arrays built from the ``.idx``
-    files alone: 12 bytes per sentence in memory (a 40B-token corpus of ~2B sentences: ~24 GB; past that size,
-    build the sample index once and keep only it).
+    ``token_offsets`` (int64 [S + 1]) and ``doc_starts`` (int64 [D + 1]) are memory-mapped views of the corpus cache
+    file in ``cache.dir`` (default: ``index_cache/`` beside the manifest), built on first use by the policy's builder.
     """
 
-    def __init__(self, prefix: str | os.PathLike):
+    def __init__(self, prefix: str | os.PathLike, cache: CachePolicy | None = None):
         self.prefix = str(prefix)
         self.manifest = read_manifest(prefix)
         root = manifest_path(prefix).parent
+        self.cache = cache or CachePolicy(root / "index_cache", builder=launcher_rank() == 0)
         self._shards: list[_Shard] = []
-        lengths, doc_starts = [], [np.zeros(1, np.int64)]
+        self._shard_docs: list[int] = []
         first = 0
         for spec in self.manifest["shards"]:
             shard_prefix = str(root / spec["prefix"])
-            ds = _open(shard_prefix)
-            # copies: the arrays are views of the .idx map, which closes when ds goes
-            seq = np.array(ds.sequence_lengths, dtype=np.int32)
-            docs = np.array(ds.document_indices, dtype=np.int64)
-            if "sentences" in spec and spec["sentences"] != len(seq):
+            h = idx_header(shard_prefix)
+            if "sentences" in spec and spec["sentences"] != h.sequences:
                 raise ValueError(
-                    f"{shard_prefix}.idx holds {len(seq)} sentences but the manifest says {spec['sentences']}: "
-                    "the shard was rewritten after the manifest; rebuild the corpus"
-                )
-            lengths.append(seq)
-            doc_starts.append(docs[1:] + first)
-            self._shards.append(_Shard(shard_prefix, first))
-            first += len(seq)
-            del ds  # the token file is mapped again lazily, in the process that reads it
-        self.sentence_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
-        self.token_offsets = np.zeros(len(self.sentence_lengths) + 1, np.int64)  # sentence s starts at [s]
-        np.cumsum(self.sentence_lengths, out=self.token_offsets[1:])
-        self.doc_starts = np.concatenate(doc_starts)
+                    f"{shard_prefix}.idx holds {h.sequences} sentences but the manifest says {spec['sentences']}: "
+                    "the shard was rewritten after the manifest; rebuild the corpus")
+            self._shards.append(_Shard(shard_prefix, first, h.dtype))
+            self._shard_docs.append(max(h.documents - 1, 0))
+            first += h.sequences
         self._shard_starts = np.array([s.first_sentence for s in self._shards] + [first], dtype=np.int64)
         self.vocab_size = int((self.manifest.get("tokenizer") or {}).get("vocab_size", 0)) or None
+        self._open_arrays()
+
+    # -- the mapped arrays -----------------------------------------------------------------------------------------
+    def cache_key(self) -> str:
+        from .sample_index import settings_hash  # noqa: PLC0415 (sample_index imports this module)
+
+        return settings_hash({"version": CORPUS_CACHE_VERSION, "corpus": self.fingerprint()})
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache.dir) / f"corpus-{Path(self.prefix).name}-{self.cache_key()}.bfc"
+
+    def _open_arrays(self) -> None:
+        arrays, _ = ensure(self.cache_path, "corpus", self.cache_key(), self._write_arrays, self.cache,
+                           f"the corpus arrays of {self.prefix}")
+        self.token_offsets, self.doc_starts = arrays["token_offsets"], arrays["doc_starts"]
+
+    def _write_arrays(self, path: Path) -> None:
+        """Two streaming passes over the shards' ``.idx`` maps; peak memory is one shard's arrays."""
+        with CacheWriter(path, "corpus", self.cache_key(), [("token_offsets", "<i8", ()), ("doc_starts", "<i8", ())]) as w:
+            w.append("token_offsets", np.zeros(1, np.int64))
+            base = 0
+            for shard in self._shards:
+                lengths, pointers, _ = idx_arrays(shard.prefix)
+                offsets = np.cumsum(lengths, dtype=np.int64)
+                # a slice of one mapped array costs ~1 µs where IndexedDataset.get costs ~20 µs, which needs the
+                # sentences back to back in the .bin as megatron-core's builder writes them: checked here, once, on
+                # every 1024th sentence and the last (a builder that reorders writes shows up there; all of them
+                # would read 8 bytes per sentence more)
+                check = np.unique(np.r_[np.arange(1, len(offsets), 1024), len(offsets) - 1]) if len(offsets) else []
+                if len(check) and not np.array_equal(pointers[check], offsets[check - 1] * shard.dtype.itemsize):
+                    raise ValueError(f"{shard.prefix}.bin does not hold its sentences back to back as the .idx pointers"
+                                     " say; it was not written by megatron-core's IndexedDatasetBuilder: rebuild the "
+                                     "corpus")
+                total = int(offsets[-1]) if len(offsets) else 0
+                offsets += base
+                w.append("token_offsets", offsets)
+                base += total
+            w.append("doc_starts", np.zeros(1, np.int64))
+            for shard in self._shards:
+                _, _, docs = idx_arrays(shard.prefix)
+                w.append("doc_starts", np.asarray(docs[1:], np.int64) + shard.first_sentence)
+            w.commit({"prefix": self.prefix})
 
     # -- sizes -----------------------------------------------------------------------------------------------------
     @property
@@ -75,17 +162,31 @@ class IndexedCorpus:
 
     @property
     def num_sentences(self) -> int:
-        return len(self.sentence_lengths)
+        return int(self._shard_starts[-1])
+
+    @property
+    def shards(self) -> list[tuple[str, int, int]]:
+        """(shard prefix, first global sentence, sentences) of every shard, in order."""
+        return [(s.prefix, s.first_sentence, int(self._shard_starts[k + 1] - s.first_sentence))
+                for k, s in enumerate(self._shards)]
 
     def fingerprint(self) -> dict:
-        """What identifies this corpus's content for cache keys: shard checksums if the manifest has them."""
+        """What identifies this corpus's content for cache keys: shard checksums if the manifest has them, and the
+        counts of every shard's ``.idx``."""
         shards = [(s.get("prefix"), s.get("bin_sha256"), s.get("idx_sha256"), s.get("tokens")) for s in
                   self.manifest["shards"]]
-        return {"shards": shards, "sentences": self.num_sentences, "documents": self.num_documents}
+        counts = np.diff(self._shard_starts).tolist()
+        return {"shards": shards, "sentences": self.num_sentences, "documents": int(sum(self._shard_docs)),
+                "per_shard": [counts, self._shard_docs]}
 
     def document_of(self, sentences: np.ndarray | int) -> np.ndarray:
         """Document index of each global sentence index (vectorised binary search)."""
         return np.searchsorted(self.doc_starts, sentences, side="right") - 1
+
+    def sentence_lengths(self, start: int = 0, end: int | None = None) -> np.ndarray:
+        """Lengths of sentences ``[start, end)`` (a private array: for ranges, not the whole corpus)."""
+        end = self.num_sentences if end is None else end
+        return np.diff(self.token_offsets[start:end + 1])
 
     # -- reading ---------------------------------------------------------------------------------------------------
     def read(self, start: int, end: int) -> np.ndarray:
@@ -105,34 +206,22 @@ class IndexedCorpus:
         return np.concatenate(pieces).astype(np.int32) if pieces else np.zeros(0, np.int32)
 
     def _map(self, shard: _Shard, k: int) -> np.ndarray:
-        """The shard's .bin as one token array. megatron-core's builder writes sequences back to back, so sentence s
-        starts at token ``token_offsets[s]`` of its shard; checked once against the .idx pointers, because a slice
-        of one array costs ~1 µs where ``IndexedDataset.get`` costs ~20 µs a call."""
-        ds = _open(shard.prefix)
-        itemsize = np.dtype(ds.index.dtype).itemsize
+        """The shard's .bin as one token array (the layout was checked when the corpus cache was built)."""
         lo, hi = shard.first_sentence, int(self._shard_starts[k + 1])
-        expected = (self.token_offsets[lo:hi] - self.token_offsets[lo]) * itemsize
-        if not np.array_equal(np.asarray(ds.index.sequence_pointers, dtype=np.int64), expected):
-            raise ValueError(f"{shard.prefix}.bin does not hold its sentences back to back as the .idx pointers "
-                             "say; it was not written by megatron-core's IndexedDatasetBuilder: rebuild the corpus")
         if self.token_offsets[hi] == self.token_offsets[lo]:
-            shard.tokens = np.zeros(0, ds.index.dtype)  # numpy cannot map an empty file
+            shard.tokens = np.zeros(0, shard.dtype)  # numpy cannot map an empty file
         else:
-            shard.tokens = np.memmap(shard.prefix + ".bin", dtype=ds.index.dtype, mode="r").view(np.ndarray)
+            shard.tokens = np.memmap(shard.prefix + ".bin", dtype=shard.dtype, mode="r").view(np.ndarray)
         return shard.tokens
 
     def __getstate__(self):
-        # Workers re-open their own maps: a mapped file does not survive pickling to a spawned process.
+        # Workers re-open their own maps: a mapped file does not survive pickling (it would be sent as a copy).
         state = dict(self.__dict__)
-        state["_shards"] = [_Shard(s.prefix, s.first_sentence) for s in self._shards]
+        state["_shards"] = [_Shard(s.prefix, s.first_sentence, s.dtype) for s in self._shards]
+        del state["token_offsets"], state["doc_starts"]
+        state["cache"] = CachePolicy(self.cache.dir, builder=False, timeout=0.0)  # the file exists by now
         return state
 
-
-def _open(shard_prefix: str):
-    for suffix in (".bin", ".idx"):
-        if not os.path.exists(shard_prefix + suffix):
-            raise FileNotFoundError(f"{shard_prefix}{suffix} is missing: the manifest lists it; rebuild the corpus")
-    # Imported here: megatron.core takes seconds to import and only readers need it.
-    from megatron.core.datasets.indexed_dataset import IndexedDataset  # noqa: PLC0415
-
-    return IndexedDataset(shard_prefix)
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._open_arrays()

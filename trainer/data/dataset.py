@@ -9,16 +9,47 @@ in any order.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 
+from .cache_file import CachePolicy, launcher_rank
 from .config import DataConfig
 from .corpus import IndexedCorpus
 from .formats import SampleBuilder
 from .masking import Masker
 from .order import Blend, EpochOrder
-from .sample_index import load_or_build, settings_hash, index_settings
+from .sample_index import load_or_build
+
+BUILD_HINT = "python -m trainer.data.build_index --config RECIPE [--set KEY=VALUE ...]  (the run's recipe and overrides)"
+
+
+def cache_policy(cfg: DataConfig, builder: bool | None = None, workers: int | None = None,
+                 hint: str = BUILD_HINT) -> CachePolicy:
+    """Where this data config's derived arrays live and who builds them (global rank 0 unless ``builder``)."""
+    first = (cfg.corpora or cfg.valid_corpora)[0].prefix
+    folder = Path(cfg.cache_dir) if cfg.cache_dir else Path(str(first)).parent / "index_cache"
+    return CachePolicy(folder, builder=launcher_rank() == 0 if builder is None else builder,
+                       timeout=cfg.index_wait_timeout, prebuilt_only=cfg.require_prebuilt_index,
+                       workers=workers or cfg.index_workers or min(16, os.cpu_count() or 1), hint=hint)
+
+
+def build_indexes(cfg: DataConfig, split: str, cache: CachePolicy) -> list[tuple[IndexedCorpus, object]]:
+    """(corpus, sample index) of every corpus of a split, each opened or built under ``cache``."""
+    specs = cfg.corpora if split == "train" else cfg.valid_corpora
+    out = []
+    for spec in specs:
+        corpus = IndexedCorpus(spec.prefix, cache)
+        out.append((corpus, load_or_build(corpus, cfg.format, cfg.max_seq_length, cfg.short_seq_prob,
+                                          cfg.index_seed, cfg.pack_doc_sentences, cache)))
+    return out
+
+
+def _manifest_vocab(prefix) -> int | None:
+    from data_prep.manifest import read_manifest  # noqa: PLC0415
+
+    return int((read_manifest(prefix).get("tokenizer") or {}).get("vocab_size", 0)) or None
 
 
 def sample_key(seed: int, corpus: int, epoch: int, sample_id: int) -> np.ndarray:
@@ -43,23 +74,21 @@ class PretrainingDataset:
             raise ValueError(f"data.{'corpora' if split == 'train' else 'valid_corpora'} is empty")
         self.cfg, self.seed = cfg, int(seed)
         self.pad_id = int(tokenizer.pad_id)
-        self.corpora = [IndexedCorpus(spec.prefix) for spec in specs]
         vocab = int(tokenizer.vocab_size)
-        for spec, corpus in zip(specs, self.corpora):
-            if corpus.vocab_size and corpus.vocab_size != vocab:
-                raise ValueError(f"{spec.prefix}: prepared with a vocabulary of {corpus.vocab_size}, but the "
+        for spec in specs:  # checked before anything is built
+            corpus_vocab = _manifest_vocab(spec.prefix)
+            if corpus_vocab and corpus_vocab != vocab:
+                raise ValueError(f"{spec.prefix}: prepared with a vocabulary of {corpus_vocab}, but the "
                                  f"tokenizer has {vocab}; prepare it again with this tokenizer")
-        cache = Path(cfg.cache_dir) if cfg.cache_dir else Path(str(specs[0].prefix)).parent / "index_cache"
+        # Every whole-corpus array below is a view of a mapped cache file (shared by the node's ranks, re-mapped by
+        # workers after pickling); the index's layout depends on data.index_seed, the order on the training seed.
+        built = build_indexes(cfg, split, cache_policy(cfg))
+        self.corpora = [corpus for corpus, _ in built]
         self.builders, self.orders = [], []
-        for c, corpus in enumerate(self.corpora):
-            index = load_or_build(corpus, cfg.format, cfg.max_seq_length, cfg.short_seq_prob, self.seed,
-                                  cfg.pack_doc_sentences, cache)
-            key = settings_hash(index_settings(corpus, cfg.format, cfg.max_seq_length, cfg.short_seq_prob,
-                                               self.seed, cfg.pack_doc_sentences))
+        for c, (corpus, index) in enumerate(built):
             self.builders.append(SampleBuilder(corpus, index, cfg.format, cfg.max_seq_length, tokenizer.cls_id,
                                                tokenizer.sep_id, cfg.nsp_negative_prob))
-            self.orders.append(EpochOrder(len(index), self.seed + 7919 * c, cache, key=key,
-                                          shuffle=split == "train"))
+            self.orders.append(EpochOrder(len(index), self.seed + 7919 * c, shuffle=split == "train"))
         self.blend = Blend([spec.weight for spec in specs], cfg.blend_period)
         self.masker = Masker(cfg.masking, vocab, tokenizer.mask_id, tokenizer.special_ids,
                              getattr(tokenizer, "word_start", None))

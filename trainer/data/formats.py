@@ -32,9 +32,13 @@ class SampleBuilder:
         self.budget = content_budget(fmt, max_seq_length)
         self.cls, self.sep = np.int32(cls_id), np.int32(sep_id)
         self.negative_prob = negative_prob
-        self.cum = corpus.token_offsets
         if fmt in ("segment-pair", "sentence-pair") and corpus.num_documents < 2:
             raise ValueError(f"{corpus.prefix}: NSP negatives come from another document, but it has only one")
+
+    @property
+    def cum(self) -> np.ndarray:
+        """The corpus's token offsets (a mapped view; a property so that pickling never copies it)."""
+        return self.corpus.token_offsets
 
     def __call__(self, sample_id: int, rng: np.random.Generator) -> dict:
         chunks = self.index.sample_chunks(sample_id)

@@ -1,8 +1,14 @@
 """Global data order: stream position -> (corpus, epoch, sample id), blending, and the per-rank batch sampler.
 
-One corpus of N samples: position ``g`` is epoch ``g // N``, sample ``perm_e[g % N]`` where ``perm_e`` is a
-permutation seeded by ``(seed, e)``, built once per epoch and cached on disk (4 or 8 bytes per sample, memory-mapped
-by every rank and worker). Example: N = 5, perm_0 = [3, 0, 4, 1, 2]; position 7 is epoch 1, slot 2 of perm_1.
+One corpus of N samples: position ``g`` is epoch ``g // N``, sample ``P_e(g % N)`` where ``P_e`` is a keyed
+pseudo-random permutation of ``[0, N)``: a Feistel network over the smallest even number of bits covering N, with
+cycle walking (re-encrypt while the value is >= N) to stay inside [0, N). Nothing is materialised: O(1) memory and
+~5 µs per position in Python (``EpochOrder.__call__``), or vectorised over a batch of positions (``.batch``), so an
+epoch boundary costs nothing and no file exists per epoch. The order is a pure function of (seed, epoch, position).
+Why our own and not ``numpy.random.permutation``: that materialises 4-8 bytes per sample per epoch (9 s at 87M
+samples, 46 s at 400M, at every epoch boundary); no library we use offers a keyed bijection over an arbitrary range.
+Example: N = 5; the 4-bit domain (2-bit halves) is walked until a value < 5 comes out, so P_e is a permutation of
+[0, 5) and position 7 is epoch 1, slot 2, sample P_1(2).
 
 Several corpora with weights: megatron-core's ``build_blending_indices`` (the greedy "largest deficit first" rule
 Megatron uses) fills a pattern of ``period`` positions; position ``g`` is pattern slot ``g % period`` in repetition
@@ -17,72 +23,119 @@ keep G.
 """
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
-import os
-from collections import OrderedDict
-from pathlib import Path
-
 import numpy as np
+
+M64 = (1 << 64) - 1
+_C1, _C2, _GOLDEN = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0x9E3779B97F4A7C15
+ROUNDS = 6
+
+
+def _mix(z: int) -> int:
+    """splitmix64's finaliser on a Python int (the scalar twin of ``_mix_np``)."""
+    z = ((z ^ (z >> 30)) * _C1) & M64
+    z = ((z ^ (z >> 27)) * _C2) & M64
+    return z ^ (z >> 31)
+
+
+def _mix_np(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(_C1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(_C2)
+    return z ^ (z >> np.uint64(31))
+
+
+class KeyedPermutation:
+    """A pseudo-random bijection of ``[0, n)`` keyed by ``key`` (any int): ``p(x)`` for one, ``p.many(xs)`` for a
+    numpy batch (same values). Balanced Feistel network of ROUNDS rounds over 2h bits (2^2h >= n, < 4n), round
+    function splitmix64(right half ^ round key), cycle walking; expected < 4 walks per value."""
+
+    def __init__(self, n: int, key: int):
+        if n <= 0:
+            raise ValueError("a permutation of an empty range")
+        self.n = int(n)
+        self.half = max(1, ((self.n - 1).bit_length() + 1) // 2)
+        self.mask = (1 << self.half) - 1
+        k = _mix((key & M64) ^ _GOLDEN)
+        self.round_keys = [_mix((k + (r + 1) * _GOLDEN) & M64) for r in range(ROUNDS)]
+
+    def _encrypt(self, x: int) -> int:
+        h, mask = self.half, self.mask
+        left, right = x >> h, x & mask
+        for k in self.round_keys:
+            left, right = right, left ^ (_mix(right ^ k) & mask)
+        return (left << h) | right
+
+    def __call__(self, x: int) -> int:
+        if not 0 <= x < self.n:
+            raise IndexError(f"{x} outside [0, {self.n})")
+        if self.n == 1:
+            return 0
+        x = self._encrypt(x)
+        while x >= self.n:
+            x = self._encrypt(x)
+        return x
+
+    def many(self, xs) -> np.ndarray:
+        xs = np.asarray(xs, dtype=np.int64)
+        if xs.size and (xs.min() < 0 or xs.max() >= self.n):
+            raise IndexError(f"positions outside [0, {self.n})")
+        if self.n == 1:
+            return np.zeros(xs.shape, np.int64)
+        h, mask = np.uint64(self.half), np.uint64(self.mask)
+        keys = [np.uint64(k) for k in self.round_keys]
+
+        def encrypt(v: np.ndarray) -> np.ndarray:
+            left, right = v >> h, v & mask
+            for k in keys:
+                left, right = right, left ^ (_mix_np(right ^ k) & mask)
+            return (left << h) | right
+
+        out = encrypt(xs.astype(np.uint64).ravel())
+        todo = np.flatnonzero(out >= np.uint64(self.n))
+        while len(todo):  # cycle walking, only on the values still outside [0, n)
+            out[todo] = encrypt(out[todo])
+            todo = todo[out[todo] >= np.uint64(self.n)]
+        return out.astype(np.int64).reshape(xs.shape)
 
 
 class EpochOrder:
-    """Maps a corpus's own stream position to ``(epoch, sample_id)`` through cached per-epoch permutations."""
+    """Maps a corpus's own stream position to ``(epoch, sample_id)``: epoch e's order is ``KeyedPermutation(N,
+    key(seed, e))``, built on demand (a few round keys, ~10 µs) and the last one kept."""
 
-    def __init__(self, num_samples: int, seed: int, cache_dir: str | os.PathLike | None = None, key: str = "",
-                 shuffle: bool = True, keep_in_memory: int = 2):
+    def __init__(self, num_samples: int, seed: int, shuffle: bool = True):
         if num_samples <= 0:
             raise ValueError("a corpus with no samples has no order")
-        self.num_samples, self.seed, self.shuffle = num_samples, seed, shuffle
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
-        self.key = key
-        self._perms: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._keep = keep_in_memory
+        self.num_samples, self.seed, self.shuffle = int(num_samples), int(seed), shuffle
+        self._perm: tuple[int, KeyedPermutation] | None = None
+
+    def permutation(self, epoch: int) -> KeyedPermutation:
+        if self._perm is None or self._perm[0] != epoch:
+            key = _mix((_mix(self.seed & M64) + _GOLDEN * (epoch + 1)) & M64)
+            self._perm = (epoch, KeyedPermutation(self.num_samples, key))
+        return self._perm[1]
 
     def __call__(self, position: int) -> tuple[int, int]:
         epoch, slot = divmod(int(position), self.num_samples)
         if not self.shuffle:
             return epoch, slot
-        return epoch, int(self.permutation(epoch)[slot])
+        return epoch, self.permutation(epoch)(slot)
 
-    def permutation(self, epoch: int) -> np.ndarray:
-        perm = self._perms.get(epoch)
-        if perm is None:
-            perm = self._load_or_build(epoch)
-            self._perms[epoch] = perm
-            while len(self._perms) > self._keep:
-                self._perms.popitem(last=False)
-        return perm
-
-    def _build(self, epoch: int) -> np.ndarray:
-        dtype = np.int32 if self.num_samples < 2**31 else np.int64
-        rng = np.random.Generator(np.random.PCG64([self.seed, epoch, 0x5EED]))
-        return rng.permutation(self.num_samples).astype(dtype)
-
-    def _load_or_build(self, epoch: int) -> np.ndarray:
-        if self.cache_dir is None:
-            return self._build(epoch)
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256(json.dumps([self.key, self.num_samples, self.seed]).encode()).hexdigest()[:16]
-        path = self.cache_dir / f"{digest}-perm-epoch{epoch}.npy"
-        if not path.exists():
-            with open(self.cache_dir / f"{digest}.lock", "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                if not path.exists():
-                    tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
-                    np.save(tmp, self._build(epoch))
-                    os.replace(tmp, path)
-        return np.load(path, mmap_mode="r").view(np.ndarray)  # see sample_index.load_or_build
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_perms"] = OrderedDict()  # workers map the cached files themselves
-        return state
+    def batch(self, positions) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorised ``__call__`` over an array of positions -> (epochs, sample ids)."""
+        epochs, slots = np.divmod(np.asarray(positions, dtype=np.int64), self.num_samples)
+        if not self.shuffle:
+            return epochs, slots
+        ids = np.empty_like(slots)
+        for e in np.unique(epochs).tolist():  # a micro-batch spans one epoch, or two at a boundary
+            sel = epochs == e
+            ids[sel] = self.permutation(e).many(slots[sel])
+        return epochs, ids
 
 
 class Blend:
-    """Position -> (corpus index, that corpus's own stream position) for weighted corpora."""
+    """Position -> (corpus index, that corpus's own stream position) for weighted corpora.
+
+    The pattern (10 bytes per slot of ``period``) is computed in each process, not pickled to workers; one corpus
+    needs none."""
 
     def __init__(self, weights: list[float], period: int = 1_000_000):
         w = np.asarray(weights, dtype=np.float64)
@@ -90,22 +143,35 @@ class Blend:
             raise ValueError(f"blend weights must be positive, got {weights}")
         self.weights = w / w.sum()
         self.period = int(period)
-        if len(w) == 1:
-            self.corpus = np.zeros(self.period, np.int16)
-            self.local = np.arange(self.period, dtype=np.int64)
-        else:
-            # Imported here: importing megatron.core costs seconds.
-            from megatron.core.datasets import helpers_cpp  # noqa: PLC0415
+        self._fill()
 
-            self.corpus = np.zeros(self.period, dtype=np.int16)
-            self.local = np.zeros(self.period, dtype=np.int64)
-            helpers_cpp.build_blending_indices(self.corpus, self.local, self.weights, len(w), self.period, False)
-        self.per_period = np.bincount(self.corpus, minlength=len(w)).astype(np.int64)
+    def _fill(self) -> None:
+        n = len(self.weights)
+        if n == 1:
+            self.corpus = self.local = None
+            self.per_period = np.array([self.period], np.int64)
+            return
+        # Imported here: importing megatron.core costs seconds.
+        from megatron.core.datasets import helpers_cpp  # noqa: PLC0415
+
+        self.corpus = np.zeros(self.period, dtype=np.int16)
+        self.local = np.zeros(self.period, dtype=np.int64)
+        helpers_cpp.build_blending_indices(self.corpus, self.local, self.weights, n, self.period, False)
+        self.per_period = np.bincount(self.corpus, minlength=n).astype(np.int64)
 
     def __call__(self, position: int) -> tuple[int, int]:
+        if self.corpus is None:
+            return 0, int(position)
         rep, slot = divmod(int(position), self.period)
         c = int(self.corpus[slot])
         return c, rep * int(self.per_period[c]) + int(self.local[slot])
+
+    def __getstate__(self):
+        return {"weights": self.weights, "period": self.period}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._fill()
 
 
 class PretrainingBatchSampler:

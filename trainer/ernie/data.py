@@ -79,7 +79,11 @@ class ErnieCorpusBase(PretrainingDataset):
         self.random_ids = np.flatnonzero(~special)
         self.is_special = special  # table lookup per token: cheaper than np.isin per sample
         self.spans = [CorpusSpans(c) for c in self.corpora] if spans else None
-        self.cums = [b.cum for b in self.builders]
+
+    @property
+    def cums(self) -> list[np.ndarray]:
+        """Each corpus's token offsets (mapped views; a property so that pickling to workers never copies them)."""
+        return [b.cum for b in self.builders]
 
     def level_at(self, step: int) -> str:
         return self.fixed_level or self.km.level_at(step)

@@ -1,0 +1,72 @@
+"""Build a run's data caches ahead of the job: ``python -m trainer.data.build_index --config RECIPE [--set KEY=VAL ...]
+[--workers N]``.
+
+For every training and validation corpus of the config's ``data`` section it writes (or finds, already valid) the
+corpus arrays and the sample index that the ranks will map at start (trainer/data/sample_index.py), in the config's
+``data.cache_dir``. The Slurm templates run it once on the batch host before launching the ranks, so no GPU waits
+for it; an existing valid index is skipped in milliseconds. Options other than ``--config``, ``--set`` and
+``--workers`` (the trainer's ``--resume`` ...) are accepted and ignored, so a launcher can pass the trainer's
+arguments unchanged.
+
+Exit status: 0 built or already there; 1 error (message names the corpus or file); 2 invalid config.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `import trainer` work
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="trainer.data.build_index", description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, help="a recipe name (roberta_large) or a YAML file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, as for trainer.pretrain (e.g. --set data.cache_dir=/lustre/cache)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes building shards in parallel (default: the CPUs of this machine, at most 16)")
+    args, _ignored = p.parse_known_args(argv)
+    return args
+
+
+def command_for(config: str, sets: list[str]) -> str:
+    """The command line that builds a run's caches (printed in the trainer's error messages)."""
+    return " ".join(["python -m trainer.data.build_index", "--config", config] + [f"--set {s}" for s in sets])
+
+
+def main(argv=None) -> int:
+    from trainer.config import ConfigError, load_config
+    from trainer.data.dataset import build_indexes, cache_policy
+
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.set)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    data = cfg.data.model_copy(update={"require_prebuilt_index": False})
+    workers = args.workers or min(16, os.cpu_count() or 1)
+    policy = cache_policy(data, builder=True, workers=workers, hint=command_for(args.config, args.set))
+    policy.dir.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "valid"):
+        if split == "valid" and not data.valid_corpora:
+            continue
+        start = time.perf_counter()
+        try:
+            built = build_indexes(data, split, policy)
+        except (OSError, ValueError, TimeoutError) as err:
+            print(f"error: {split} corpora: {err}", file=sys.stderr)
+            return 1
+        for corpus, index in built:
+            print(f"{split}: {corpus.prefix}: {corpus.num_sentences:,} sentences, {len(index):,} '{data.format}' "
+                  f"samples -> {index.path}")
+        print(f"{split}: ready in {time.perf_counter() - start:.1f} s ({workers} worker(s), cache {policy.dir})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""Derived whole-corpus arrays as cache files: written once under a temporary name, renamed, then memory-mapped.
+
+Every per-sentence or per-sample array the trainer needs beyond the ``.idx`` files (the corpus's token offsets and
+document starts, the sample index) lives in one of these files. All ranks and DataLoader workers of a node map the
+same file, so the kernel keeps one copy in its page cache instead of one private copy per process (at 2B sentences
+that is the difference between ~24 GB per rank and ~0 private bytes).
+
+Layout (little-endian)::
+
+    0      8 bytes    magic b"BFCACHE\\0"
+    8      4 bytes    n = length of the JSON header
+    12     n bytes    JSON header: {"version", "kind", "key", "size", "arrays": [{"name", "dtype", "shape",
+                      "offset"}], "meta": {...}}
+    12+n   32 bytes   sha256 of the JSON header bytes
+    ...    padding up to HEADER_SPACE (4096): arrays start there, each at a 64-byte aligned offset
+
+``open_cache`` checks the magic, the header checksum, the format version, the expected key (the hash of every
+setting the arrays depend on) and the file size against the header: a truncated, foreign or stale file is reported
+(and rebuilt by ``ensure``), never read. The array bytes themselves are not checksummed (reading 10 GB to check them
+would cost what mapping saves); they are written before the rename, so a file under the final name is complete.
+
+Coordination without ``flock`` (Lustre mounted ``noflock`` raises; ``localflock`` locks per node only): the builder
+(global rank 0, or any process started without a launcher) writes ``.NAME.tmp-HOST-PID-RANDOM`` and renames it to
+``NAME`` (atomic on POSIX filesystems, Lustre and NFS included); the other ranks poll for a valid ``NAME`` up to
+``timeout`` seconds. Two builders racing (two jobs on one cache) both rename complete, identical files: the last
+rename wins and readers that mapped the first keep a valid inode. A builder killed mid-write leaves only its
+temporary file (removed by the next builder on the same host) and no final file, so a rerun builds again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import socket
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+MAGIC = b"BFCACHE\0"
+FORMAT_VERSION = 1
+HEADER_SPACE = 4096
+ALIGN = 64
+
+
+class CacheInvalid(Exception):
+    """The file exists but cannot be used (truncated, foreign, another key); the message says why."""
+
+
+def launcher_rank() -> int:
+    """This process's global rank from the launcher's environment (torchrun/deepspeed, MPI, PMI), else 0."""
+    for key in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
+
+
+@dataclass
+class CachePolicy:
+    """Where cache files live and who builds them (DataConfig fields: cache_dir, index_wait_timeout,
+    require_prebuilt_index, index_workers)."""
+
+    dir: Path
+    builder: bool = True
+    timeout: float = 3600.0
+    prebuilt_only: bool = False
+    workers: int = 1
+    hint: str = "python -m trainer.data.build_index --config RECIPE"
+    """the command that builds the cache ahead of a job, printed in errors"""
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class CacheWriter:
+    """Appends arrays, in the order declared, to a temporary file; ``commit`` writes the header and renames.
+
+    Sizes need not be known in advance: ``append(name, part)`` streams an array in pieces of any length (rows for 2-D
+    arrays), so a builder never holds a whole array. Use as a context manager: an exception removes the temporary.
+    """
+
+    def __init__(self, path: str | os.PathLike, kind: str, key: str, arrays: list[tuple[str, str, tuple]]):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(self.path)
+        self.tmp = self.path.parent / f".{self.path.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.kind, self.key = kind, key
+        # name -> [dtype, row shape (shape[1:]), rows written, offset]
+        self._specs = {name: [np.dtype(dt), tuple(row), 0, None] for name, dt, row in arrays}
+        self._order = [name for name, _, _ in arrays]
+        self._current = -1
+        self._f = open(self.tmp, "wb")
+        self._f.truncate(HEADER_SPACE)
+        self._f.seek(HEADER_SPACE)
+        self.meta: dict = {}
+
+    def append(self, name: str, part: np.ndarray) -> None:
+        spec = self._specs[name]
+        idx = self._order.index(name)
+        if idx < self._current:
+            raise RuntimeError(f"{name}: arrays must be written in the declared order {self._order}")
+        while self._current < idx:  # start the next array at an aligned offset
+            self._current += 1
+            pos = _aligned(self._f.tell())
+            self._f.seek(pos)
+            self._specs[self._order[self._current]][3] = pos
+        part = np.ascontiguousarray(part, dtype=spec[0])
+        if part.shape[1:] != spec[1]:
+            raise ValueError(f"{name}: rows of shape {part.shape[1:]}, declared {spec[1]}")
+        self._f.write(memoryview(part).cast("B"))  # no copy
+        spec[2] += len(part)
+
+    def commit(self, meta: dict | None = None) -> Path:
+        for name in self._order[self._current + 1:]:  # arrays never appended are empty
+            self.append(name, np.zeros((0,) + self._specs[name][1], self._specs[name][0]))
+        size = self._f.seek(0, os.SEEK_END)
+        arrays = [{"name": n, "dtype": self._specs[n][0].str, "shape": [self._specs[n][2], *self._specs[n][1]],
+                   "offset": self._specs[n][3]} for n in self._order]
+        header = json.dumps({"version": FORMAT_VERSION, "kind": self.kind, "key": self.key, "size": size,
+                             "arrays": arrays, "meta": {**self.meta, **(meta or {})}}, sort_keys=True).encode()
+        blob = MAGIC + len(header).to_bytes(4, "little") + header + hashlib.sha256(header).digest()
+        if len(blob) > HEADER_SPACE:
+            raise ValueError(f"{self.path}: header of {len(blob)} bytes exceeds {HEADER_SPACE}")
+        self._f.seek(0)
+        self._f.write(blob)
+        self._f.flush()
+        os.fsync(self._f.fileno())  # the data reaches the file before its name does
+        self._f.close()
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None or self.tmp.exists():
+            self.abort()
+        return False
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Temporaries of builders on this host that died (their pid is gone); other hosts' are left alone."""
+    host = socket.gethostname()
+    for tmp in path.parent.glob(f".{path.name}.tmp-{host}-*"):
+        try:
+            pid = int(tmp.name[len(f".{path.name}.tmp-{host}-"):].split("-")[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except (ValueError, PermissionError, OSError):
+            pass
+
+
+def read_header(path: str | os.PathLike) -> dict:
+    """The checked header of a cache file; raises ``CacheInvalid`` (why) or ``FileNotFoundError``."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        head = f.read(HEADER_SPACE)
+        size = f.seek(0, os.SEEK_END)
+    if len(head) < 12 or head[:8] != MAGIC:
+        raise CacheInvalid(f"{path}: not a bertfamily cache file (bad magic)")
+    n = int.from_bytes(head[8:12], "little")
+    if 12 + n + 32 > len(head):
+        raise CacheInvalid(f"{path}: truncated header")
+    header_bytes, digest = head[12:12 + n], head[12 + n:12 + n + 32]
+    if hashlib.sha256(header_bytes).digest() != digest:
+        raise CacheInvalid(f"{path}: header checksum mismatch (corrupt or partly written)")
+    header = json.loads(header_bytes)
+    if header.get("version") != FORMAT_VERSION:
+        raise CacheInvalid(f"{path}: cache format version {header.get('version')}, this code reads {FORMAT_VERSION}")
+    if size != header["size"]:
+        raise CacheInvalid(f"{path}: {size} bytes, the header says {header['size']} (truncated)")
+    return header
+
+
+def open_cache(path: str | os.PathLike, kind: str, key: str) -> tuple[dict[str, np.ndarray], dict]:
+    """Map a cache file read-only -> ({name: array view of the map}, meta). Raises ``CacheInvalid`` or
+    ``FileNotFoundError``. The arrays are plain ndarrays whose ``.base`` chain ends at the ``mmap.mmap``."""
+    path = Path(path)
+    header = read_header(path)
+    if header.get("kind") != kind or header.get("key") != key:
+        raise CacheInvalid(f"{path}: holds {header.get('kind')} {header.get('key')}, expected {kind} {key} "
+                           "(a foreign file under this name)")
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # the map outlives the descriptor
+    arrays = {}
+    for a in header["arrays"]:
+        dtype, shape = np.dtype(a["dtype"]), tuple(a["shape"])
+        count = int(np.prod(shape))
+        if count == 0:  # an empty array may start past the last byte
+            arrays[a["name"]] = np.zeros(shape, dtype)
+        else:
+            arrays[a["name"]] = np.frombuffer(mm, dtype=dtype, count=count, offset=a["offset"]).reshape(shape)
+    return arrays, header["meta"]
+
+
+def is_mapped(arr: np.ndarray) -> bool:
+    """True if ``arr`` is a view of a memory map (its ``.base`` chain ends at an ``mmap.mmap``), not private."""
+    base = arr
+    while isinstance(base, np.ndarray):
+        if isinstance(base, np.memmap):
+            return True
+        base = base.base
+    if isinstance(base, memoryview):  # np.frombuffer keeps a memoryview of the buffer it was given
+        base = base.obj
+    return isinstance(base, (mmap.mmap, np.memmap))
+
+
+def ensure(path: str | os.PathLike, kind: str, key: str, build: Callable[[Path], None], policy: CachePolicy,
+           what: str) -> tuple[dict[str, np.ndarray], dict]:
+    """The mapped cache file, built first if missing or invalid (see the module docstring for who builds).
+
+    ``build(path)`` must write ``path`` with a ``CacheWriter``. ``what`` names the file's content in messages."""
+    path = Path(path)
+    try:
+        return open_cache(path, kind, key)
+    except FileNotFoundError:
+        reason = None
+    except CacheInvalid as err:
+        reason = str(err)
+        warnings.warn(f"{reason}: rebuilding {what}", stacklevel=2)
+    if policy.prebuilt_only:
+        raise FileNotFoundError(
+            f"{what} {path} is {'missing' if reason is None else 'invalid: ' + reason} and data.require_prebuilt_index"
+            f" is set: build it before the job with\n    {policy.hint}")
+    if policy.builder:
+        build(path)
+        return open_cache(path, kind, key)
+    deadline = time.monotonic() + policy.timeout
+    delay = 0.2
+    while True:
+        time.sleep(delay)
+        delay = min(delay * 1.5, 5.0)
+        try:
+            return open_cache(path, kind, key)
+        except (FileNotFoundError, CacheInvalid) as err:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"waited {policy.timeout:.0f} s (data.index_wait_timeout) for {what} {path}, which rank 0 builds "
+                    f"({err}). If rank 0 failed, its log says why; if data.cache_dir is not shared by all nodes, "
+                    f"point it at a shared folder. Or build it before the job with\n    {policy.hint}") from None
