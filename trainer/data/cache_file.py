@@ -52,6 +52,11 @@ class CacheInvalid(Exception):
     """The file exists but cannot be used (truncated, foreign, another key); the message says why."""
 
 
+def settings_hash(settings: dict) -> str:
+    """The cache key of a cache file: a short hash of the JSON of everything that defines its content."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def launcher_rank() -> int:
     """This process's global rank from the launcher's environment (torchrun/deepspeed, MPI, PMI), else 0."""
     for key in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):

@@ -30,7 +30,7 @@ import numpy as np
 
 from data_prep.manifest import manifest_path, read_manifest
 
-from .cache_file import CachePolicy, CacheWriter, ensure, launcher_rank
+from .cache_file import CachePolicy, CacheWriter, ensure, launcher_rank, settings_hash
 
 CORPUS_CACHE_VERSION = 1
 IDX_MAGIC = b"MMIDIDX\x00\x00"  # megatron-core's _INDEX_HEADER
@@ -115,8 +115,6 @@ class IndexedCorpus:
 
     # -- the mapped arrays -----------------------------------------------------------------------------------------
     def cache_key(self) -> str:
-        from .sample_index import settings_hash  # noqa: PLC0415 (sample_index imports this module)
-
         return settings_hash({"version": CORPUS_CACHE_VERSION, "corpus": self.fingerprint()})
 
     @property

@@ -34,7 +34,6 @@ result (our order is a keyed bijection, order.py) and needs whole-corpus arrays 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -44,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache_file import CachePolicy, CacheWriter, ensure
+from .cache_file import CachePolicy, CacheWriter, ensure, settings_hash  # noqa: F401 (settings_hash re-exported)
 from .corpus import IndexedCorpus, idx_arrays
 
 INDEX_VERSION = 2
@@ -117,10 +116,6 @@ def index_settings(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_s
     return {"version": INDEX_VERSION, "corpus": corpus.fingerprint(), "format": fmt,
             "max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "index_seed": index_seed,
             "pack": bool(pack and fmt == "doc-sentences")}
-
-
-def settings_hash(settings: dict) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def index_path(corpus: IndexedCorpus, fmt: str, key: str, cache_dir) -> Path:
