@@ -114,7 +114,8 @@ def build_ds_config(cfg, world_size: int, grad_accum: int, load_universal: bool 
     return ds_json
 
 
-def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str, ds_config: dict) -> torch.optim.Optimizer:
+def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str, ds_config: dict,
+                    groups: list[dict] | None = None) -> torch.optim.Optimizer:
     """The optimizer the run steps, with the non-finite guard and our parameter groups (no weight decay for biases
     and norms):
 
@@ -124,20 +125,23 @@ def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str, ds_co
       Compiles ``cpu_adam`` on first use (~75 s on 2 cores, then cached in TORCH_EXTENSIONS_DIR);
     - ``adamw`` on a GPU: DeepSpeed's FusedAdam (multi-tensor CUDA kernel; on CPU it would compile for ~75 s);
     - otherwise (``adamw`` on CPU, ``lamb`` anywhere): ``trainer.optim.build.build_optimizer``.
+
+    ``groups`` replaces the default param groups (fine-tuning's per-layer learning rates).
     """
+    adam_groups = groups or param_groups(model, cfg.weight_decay)
     if cfg.name == "adamw" and offloads_optimizer(ds_config):
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         cls = type("GuardedCPUAdam", (NonFiniteGuard, DeepSpeedCPUAdam), {})
-        return cls(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+        return cls(adam_groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                    weight_decay=cfg.weight_decay, bias_correction=True, adamw_mode=True)
     if cfg.name == "adamw" and device.startswith("cuda"):
         from deepspeed.ops.adam import FusedAdam
 
         cls = type("GuardedFusedAdam", (NonFiniteGuard, FusedAdam), {})
-        return cls(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+        return cls(adam_groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                    weight_decay=cfg.weight_decay, adam_w_mode=True)
-    return build_torch_optimizer(cfg, model)
+    return build_torch_optimizer(cfg, model, groups)
 
 
 class Engine:
