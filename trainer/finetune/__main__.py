@@ -146,7 +146,11 @@ def train_and_report(args, configs, spec, splits, source, tokenizer) -> int:
             report(args.report_run, summary)
         if args.cleanup:
             shutil.rmtree(args.checkpoint, ignore_errors=True)
-    ds.shutdown()
+    # The process group stays up (the CLI ends with os._exit, see trainer.pretrain.exit_process): DeepSpeed keeps
+    # handles to its groups, so a torn-down group could not be re-created for a second call of main() in a process.
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.barrier()
     return EXIT_OK
 
 
