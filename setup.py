@@ -40,6 +40,8 @@ setup(
         "hf": ["transformers>=4.40", "protobuf"],
         "mpi": ["mpi4py>=3.1"],
         "plot": ["matplotlib"],
-        "dev": ["pytest>=7", "pytest-timeout", "matplotlib", "transformers>=4.40", "protobuf"],
+        "eval": ["scikit-learn>=1.3", "scipy>=1.10"],  # GLUE metrics of python -m trainer.finetune
+        "dev": ["pytest>=7", "pytest-timeout", "matplotlib", "transformers>=4.40", "protobuf", "scikit-learn>=1.3",
+                "scipy>=1.10"],
     },
 )

@@ -153,9 +153,17 @@ def run_one(cfg, source, spec: TaskSpec, train: Encoded, devs: dict[str, Encoded
             engine.step()
             total += float(loss.detach())
         losses.append(total / grad_accum)
+    per_step = torch.tensor(losses, dtype=torch.float64)
+    import torch.distributed as dist
+    if dist.is_initialized() and world > 1:  # once per run: the mean over every rank's micro-batches of each step
+        per_step = per_step.to(engine.device)
+        dist.all_reduce(per_step)
+        per_step = per_step.cpu() / world
+    losses = per_step.tolist()
     scores = {split: evaluate(engine, data, spec, cfg.train.eval_batch_size, pad_id, rank, world)
               for split, data in devs.items()}
     tail = losses[-max(1, len(losses) // 10):]
     del engine, optimizer, model
     return {"metrics": scores, "train_loss_last": float(np.mean(tail)), "train_loss_first": losses[0],
+            "train_losses": losses,
             "steps": steps, "seconds": time.perf_counter() - start}
