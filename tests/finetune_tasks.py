@@ -3,7 +3,7 @@
 - ``write_cola``: CoLA's layout (no header; source, label, original label, sentence): label 1 = a corpus line as
   written, 0 = the same words shuffled. A model that learned word order while pretraining has a head start.
 - ``write_pairs``: a pair task in the layout of RTE, MRPC, MNLI, QNLI, WNLI or QQP: label "in order" = two consecutive
-  lines of one fortune, the other label = the same two swapped (MNLI adds "other" = a line of another fortune).
+  lines of one document, the other label = the same two swapped (MNLI adds "other" = a line of another document).
 - ``write_sts``: STS-B's layout, score = 5 x the share of words the two lines have in common (regression).
 - ``write_sst``: SST-2's layout: label 1 when the line contains a question mark.
 """
@@ -17,7 +17,7 @@ MNLI_HEADER = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence
                "sentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label")
 
 
-def fortunes(corpus: Path, start: int = 0, stop: int | None = None) -> list[list[str]]:
+def corpus_documents(corpus: Path, start: int = 0, stop: int | None = None) -> list[list[str]]:
     """Blank-line separated documents of lines [start, stop) of the corpus; tabs and runs of spaces collapsed."""
     lines = corpus.read_text(encoding="utf-8").splitlines()[start:stop]
     docs, cur = [], []
@@ -111,7 +111,7 @@ def write_sts(docs, out: Path, n_train: int, n_dev: int, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for name, part in zip(("train", "dev"), _split(rows, n_train, n_dev)):
         (out / f"{name}.tsv").write_text(STS_HEADER + "\n" + "".join(
-            f"{i}\tmain-forums\tfortunes\t2026\t{i}\tnone\tnone\t{a}\t{b}\t{y:.3f}\n" for i, (a, b, y) in enumerate(part)))
+            f"{i}\tmain-forums\tcorpus\t2026\t{i}\tnone\tnone\t{a}\t{b}\t{y:.3f}\n" for i, (a, b, y) in enumerate(part)))
     return out
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from finetune_tasks import fortunes, write_cola, write_pairs, write_sts
+from finetune_tasks import corpus_documents, write_cola, write_pairs, write_sts
 from trainer.finetune.__main__ import main as finetune_main
 from trainer.finetune.model import build_classifier, load_source, optimizer_groups
 from trainer.models import ElectraPretrainingModel, PretrainingModel, get_preset
@@ -43,7 +43,7 @@ def work(tmp_path_factory, en_corpus):
                                "--vocab-size", "800", "--output", str(out / kind)], cwd=REPO, capture_output=True,
                               text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
-    docs = fortunes(en_corpus, 6000, 9000)
+    docs = corpus_documents(en_corpus, 6000, 9000)
     write_cola(docs, out / "cola", 48, 24)
     write_sts(docs, out / "sts-b", 48, 24)
     for task in ("mrpc", "rte", "mnli"):
@@ -169,9 +169,9 @@ def test_electra_layer_wise_learning_rates(work):
     assert lr_of[id(named[f"encoder.ffn.{L - 1}.norm.weight"])] == (pytest.approx(lr * d ** 2), 0.0)
     assert lr_of[id(named["head.classifier.weight"])] == (pytest.approx(lr), 0.01)
     assert sum(len(g["params"]) for g in groups) == len(named)
-    from trainer.optim import build_optimizer
+    from trainer.engine import build_optimizer
     from trainer.finetune.config import FinetuneOptim
-    opt = build_optimizer(FinetuneOptim(lr=lr, layer_decay=d), clf, "cpu", groups=groups)
+    opt = build_optimizer(FinetuneOptim(lr=lr, layer_decay=d), clf, "cpu", {}, groups=groups)
     assert sorted(g["lr"] for g in opt.param_groups) == sorted(g["lr"] for g in groups)
     albert, _ = make_source(work, "albert")
     with pytest.raises(ValueError, match="shares them"):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from finetune_tasks import PAIR_LAYOUTS, fortunes, write_cola, write_pairs, write_sts
+from finetune_tasks import PAIR_LAYOUTS, corpus_documents, write_cola, write_pairs, write_sts
 from trainer.finetune.metrics import compute
 from trainer.finetune.sweep import format_table, parse_sweep, summarize
 from trainer.finetune.tasks import GLUE, TaskDataError, TaskSpec, glue_task, read_split, read_task
@@ -15,7 +15,7 @@ from trainer.finetune.tasks import GLUE, TaskDataError, TaskSpec, glue_task, rea
 
 @pytest.fixture(scope="module")
 def docs(en_corpus):
-    return fortunes(en_corpus, 0, 4000)
+    return corpus_documents(en_corpus, 0, 4000)
 
 
 @pytest.mark.parametrize("task", sorted(PAIR_LAYOUTS))
