@@ -141,11 +141,11 @@ def train_and_report(args, configs, spec, splits, source, tokenizer) -> int:
         write_json(out, summary)
         print0(format_table(summary))
         print0(f"results: {out}")
+        if args.cleanup:  # before the report: a reader that sees the score finds the copy gone
+            shutil.rmtree(args.checkpoint, ignore_errors=True)
         if args.report_run is not None:
             from trainer.finetune.downstream import report
             report(args.report_run, summary)
-        if args.cleanup:
-            shutil.rmtree(args.checkpoint, ignore_errors=True)
     # The process group stays up (the CLI ends with os._exit, see trainer.pretrain.exit_process): DeepSpeed keeps
     # handles to its groups, so a torn-down group could not be re-created for a second call of main() in a process.
     import torch.distributed as dist
