@@ -16,7 +16,7 @@ $(VENV)/.stamp: setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip wheel setuptools
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[dev,hf,mpi,plot]"
+	$(BIN)/pip install -q -e ".[dev,hf,mpi,plot,eval]"
 	touch $@
 
 test: venv

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainer.data.config import DataConfig
 from trainer.ds_json import ds_config_path, grad_accum_problem, offload_problem, precision, read_ds_json
+from trainer.finetune.downstream import EvalConfig
 from trainer.models.config import ModelConfig
 from trainer.models.presets import get_preset
 from trainer.objectives import ObjectiveConfig, check_data_requirements
@@ -106,6 +107,8 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Downstream fine-tuning of checkpoint copies while pretraining runs (trainer/finetune/downstream.py)."""
     recipe: str | None = None
     """The recipe's name (its file's stem), filled in by ``load_config``."""
     data: DataConfig

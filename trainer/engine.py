@@ -141,7 +141,8 @@ def build_ds_config(cfg, world_size: int, grad_accum: int, load_universal: bool 
     return ds_json
 
 
-def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str, ds_config: dict) -> torch.optim.Optimizer:
+def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str, ds_config: dict,
+                    groups: list[dict] | None = None) -> torch.optim.Optimizer:
     """The optimizer the run steps, with the non-finite guard and our parameter groups (no weight decay for biases
     and norms):
 
@@ -152,31 +153,33 @@ def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str, ds_co
     - ``adamw`` on a GPU: DeepSpeed's FusedAdam (multi-tensor CUDA kernel) when its op is prebuilt or can be built
       (``fused_adam_op_usable``), else torch's ``AdamW(fused=True)`` (same update rule, one fused kernel too);
     - otherwise (``adamw`` on CPU, ``lamb`` anywhere): ``trainer.optim.build.build_optimizer``.
+
+    ``groups`` replaces the default param groups (fine-tuning's per-layer learning rates).
     """
+    adam_groups = groups or param_groups(model, cfg.weight_decay)
     if cfg.name == "adamw" and offloads_optimizer(ds_config):
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         cls = type("GuardedCPUAdam", (NonFiniteGuard, DeepSpeedCPUAdam), {})
-        return cls(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+        return cls(adam_groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                    weight_decay=cfg.weight_decay, bias_correction=True, adamw_mode=True)
     if cfg.name == "adamw" and device.startswith("cuda"):
-        groups = param_groups(model, cfg.weight_decay)
         usable, why = fused_adam_op_usable()
         if usable:
             try:
                 from deepspeed.ops.adam import FusedAdam
 
                 cls = type("GuardedFusedAdam", (NonFiniteGuard, FusedAdam), {})
-                return cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                return cls(adam_groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                            adam_w_mode=True)
             except Exception as err:  # noqa: BLE001  (a JIT build can fail in many ways: nvcc, ninja, a stale lock)
                 why = f"building it failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
         warn0(f"optimizer: DeepSpeed's FusedAdam is not usable ({why}); using torch's AdamW(fused=True) instead, "
               "the same update rule. To use DeepSpeed's, install it with its ops prebuilt: "
               "DS_BUILD_FUSED_ADAM=1 pip install deepspeed (README, 'GPU setup').")
-        return GuardedAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+        return GuardedAdamW(adam_groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                             fused=True)
-    return build_torch_optimizer(cfg, model)
+    return build_torch_optimizer(cfg, model, groups)
 
 
 def fused_adam_op_usable() -> tuple[bool, str]:

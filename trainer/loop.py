@@ -25,6 +25,7 @@ from trainer.run_status import EXIT_OK, EXIT_REQUEUE, write_status
 
 if TYPE_CHECKING:  # the engine imports deepspeed; objectives build Components without it
     from trainer.engine import Engine
+    from trainer.finetune.downstream import DownstreamLauncher
 
 
 @dataclass
@@ -91,6 +92,8 @@ class Trainer:
     peak_flops: float = 0.0
     """Per-rank peak FLOP/s, the denominator of MFU (0 = not logged)."""
     recent_losses: list = field(default_factory=list)
+    downstream: DownstreamLauncher | None = None
+    """Fine-tunes copies of checkpoints in separate processes (``eval.downstream``), or None."""
 
     # --- one step -----------------------------------------------------------------------------------------------
 
@@ -211,6 +214,11 @@ class Trainer:
             if cfg.checkpoint.every_steps and state.step % cfg.checkpoint.every_steps == 0:
                 self.save()
                 last_saved = state.step
+            if self.downstream is not None:
+                if self.downstream.due(state.step):  # fine-tune a copy of this step's checkpoint elsewhere
+                    self.downstream.launch(state.step, self.save())  # save() returns at once if already saved
+                    last_saved = state.step
+                self.downstream.poll()  # never blocks
             if cfg.train.stop_at_step and state.step >= cfg.train.stop_at_step and state.step < cfg.train.steps:
                 if last_saved != state.step:
                     self.save()
@@ -219,6 +227,8 @@ class Trainer:
                 return EXIT_OK
         if cfg.checkpoint.save_at_end and last_saved != state.step:
             self.save()
+        if self.downstream is not None:
+            self.downstream.finish()
         write_status(cfg.run_dir, self.rank, "completed", state.step)
         return EXIT_OK
 

@@ -1,7 +1,8 @@
 """``python -m trainer.plot RUN_DIR``: PNG loss and throughput curves from ``RUN_DIR/metrics.jsonl``.
 
 Writes ``RUN_DIR/plots/loss.png`` (training loss, each objective's ``*_loss``, and held-out eval loss) and
-``RUN_DIR/plots/throughput.png`` (tokens/s and, where recorded, MFU). A step logged twice (the run was killed and
+``RUN_DIR/plots/throughput.png`` (tokens/s and, where recorded, MFU), and ``RUN_DIR/plots/downstream.png`` when the run
+has downstream scores (``eval.downstream``: each task's fine-tuned score against the pretraining step). A step logged twice (the run was killed and
 resumed) keeps its last record, which is the one the resumed run continued from.
 """
 from __future__ import annotations
@@ -23,8 +24,25 @@ def read_metrics(run_dir: Path) -> tuple[dict[int, dict], dict[int, dict]]:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue
-        (evals if rec.get("split") == "eval" else train)[rec["step"]] = rec
+        if rec.get("split") == "eval":
+            evals[rec["step"]] = rec
+        elif "split" not in rec:
+            train[rec["step"]] = rec
     return dict(sorted(train.items())), dict(sorted(evals.items()))
+
+
+def read_downstream(run_dir: Path) -> dict[str, dict[int, dict]]:
+    """Downstream records (``"split": "downstream"``, written by fine-tuning children) by task, then pretraining
+    step; a step fine-tuned twice (a resumed run) keeps its last record."""
+    out: dict[str, dict[int, dict]] = {}
+    for line in (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("split") == "downstream":
+            out.setdefault(rec["task"], {})[rec["step"]] = rec
+    return {task: dict(sorted(recs.items())) for task, recs in sorted(out.items())}
 
 
 def plot(run_dir: str | Path) -> list[Path]:
@@ -71,7 +89,26 @@ def plot(run_dir: str | Path) -> list[Path]:
     tput_png = out_dir / "throughput.png"
     fig.savefig(tput_png, dpi=100, bbox_inches="tight")
     plt.close(fig)
-    return [loss_png, tput_png]
+    written = [loss_png, tput_png]
+
+    downstream = read_downstream(run_dir)
+    if downstream:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for task, recs in downstream.items():
+            keys = sorted({k for r in recs.values() for k, v in r.items() if isinstance(v, float)})
+            for key in keys:
+                xs = [s for s in recs if key in recs[s]]
+                ax.plot(xs, [100 * recs[s][key] for s in xs], "o-", label=key)
+        ax.set_xlabel("pretraining step")
+        ax.set_ylabel("dev score (x100, median over seeds)")
+        ax.set_title(f"{run_dir.name}: downstream")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        down_png = out_dir / "downstream.png"
+        fig.savefig(down_png, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        written.append(down_png)
+    return written
 
 
 def main(argv=None) -> int:

@@ -169,8 +169,13 @@ def run(args, cfg: RunConfig) -> int:
     print0(f"world size {world_size}, ZeRO stage {ds_engine.zero_stage}, micro batch {cfg.train.micro_batch_size} x "
            f"accumulation {grad_accum} x {world_size} ranks = {cfg.train.global_batch_size} sequences per step")
     write_status(cfg.run_dir, rank, "running", state.step)
+    downstream = None
+    if cfg.eval.downstream:
+        from trainer.finetune.downstream import DownstreamLauncher
+        downstream = DownstreamLauncher(cfg.eval, cfg.run_dir, rank, say=metrics.message)
     trainer = Trainer(cfg=cfg, engine=ds_engine, comps=comps, state=state, rank=rank, world_size=world_size,
-                      grad_accum=grad_accum, metrics=metrics, preempt=preempt, peak_flops=peak)
+                      grad_accum=grad_accum, metrics=metrics, preempt=preempt, peak_flops=peak,
+                      downstream=downstream)
     try:
         status = trainer.train()
     except NonFiniteLossError as err:

@@ -59,13 +59,17 @@ class GuardedLamb(NonFiniteGuard, Lamb):
     pass
 
 
-def build_optimizer(cfg: OptimConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, groups: list[dict] | None = None
+                    ) -> torch.optim.Optimizer:
     """torch's AdamW or our LAMB, as ``cfg`` names it, over ``model``'s parameters, wrapped with the non-finite guard
-    (``trainer.engine.build_optimizer`` substitutes DeepSpeed's optimizers where they apply)."""
+    (``trainer.engine.build_optimizer`` substitutes DeepSpeed's optimizers where they apply). ``groups`` replaces
+    the default param groups (fine-tuning's per-layer learning rates, trainer/finetune/model.py)."""
     if cfg.name == "adamw":
-        groups = param_groups(model, cfg.weight_decay)
+        groups = groups or param_groups(model, cfg.weight_decay)
         return GuardedAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    groups = param_groups(model, cfg.weight_decay, mark_trust_ratio=True)
+    if groups is not None:
+        groups = [{"exclude_from_trust_ratio": g["weight_decay"] == 0, **g} for g in groups]
+    groups = groups or param_groups(model, cfg.weight_decay, mark_trust_ratio=True)
     kwargs = dict(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                   bias_correction=cfg.bias_correction)
     if cfg.max_trust_ratio is not None:

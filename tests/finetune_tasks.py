@@ -1,0 +1,125 @@
+"""Small GLUE-layout tasks made from the repository's English corpus, for the fine-tuning tests.
+
+- ``write_cola``: CoLA's layout (no header; source, label, original label, sentence): label 1 = a corpus line as
+  written, 0 = the same words shuffled. A model that learned word order while pretraining has a head start.
+- ``write_pairs``: a pair task in the layout of RTE, MRPC, MNLI, QNLI, WNLI or QQP: label "in order" = two consecutive
+  lines of one document, the other label = the same two swapped (MNLI adds "other" = a line of another document).
+- ``write_sts``: STS-B's layout, score = 5 x the share of words the two lines have in common (regression).
+- ``write_sst``: SST-2's layout: label 1 when the line contains a question mark.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+STS_HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+MNLI_HEADER = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+               "sentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label")
+
+
+def corpus_documents(corpus: Path, start: int = 0, stop: int | None = None) -> list[list[str]]:
+    """Blank-line separated documents of lines [start, stop) of the corpus; tabs and runs of spaces collapsed."""
+    lines = corpus.read_text(encoding="utf-8").splitlines()[start:stop]
+    docs, cur = [], []
+    for line in lines + [""]:
+        text = " ".join(line.split())
+        if text and text not in ("%", "--"):
+            cur.append(text)
+        elif cur:
+            docs.append(cur)
+            cur = []
+    return docs
+
+
+def _sentences(docs, min_words=5) -> list[str]:
+    return [s for d in docs for s in d if len(s.split()) >= min_words]
+
+
+def _split(items, n_train, n_dev):
+    assert len(items) >= n_train + n_dev, f"only {len(items)} items for {n_train} + {n_dev}"
+    return items[:n_train], items[n_train:n_train + n_dev]
+
+
+def write_cola(docs, out: Path, n_train: int, n_dev: int, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    rows = []
+    for s in _sentences(docs, 6):
+        if rng.random() < 0.5:
+            rows.append((1, s))
+        else:
+            words = s.split()
+            while words == s.split():
+                rng.shuffle(words)
+            rows.append((0, " ".join(words)))
+    rng.shuffle(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, part in zip(("train", "dev"), _split(rows, n_train, n_dev)):
+        (out / f"{name}.tsv").write_text("".join(f"src\t{label}\t{'' if label else '*'}\t{s}\n" for label, s in part))
+    return out
+
+
+PAIR_LAYOUTS = {  # task: (header, labels (in order, swapped[, other]), row formatter)
+    "rte": ("index\tsentence1\tsentence2\tlabel", ("entailment", "not_entailment"),
+            lambda i, a, b, y: f"{i}\t{a}\t{b}\t{y}"),
+    "qnli": ("index\tquestion\tsentence\tlabel", ("entailment", "not_entailment"),
+             lambda i, a, b, y: f"{i}\t{a}\t{b}\t{y}"),
+    "wnli": ("index\tsentence1\tsentence2\tlabel", ("1", "0"), lambda i, a, b, y: f"{i}\t{a}\t{b}\t{y}"),
+    "mrpc": ("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", ("1", "0"),
+             lambda i, a, b, y: f"{y}\t{i}\t{i + 1}\t{a}\t{b}"),
+    "qqp": ("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate", ("1", "0"),
+            lambda i, a, b, y: f"{i}\t{2 * i}\t{2 * i + 1}\t{a}\t{b}\t{y}"),
+    "mnli": (MNLI_HEADER, ("entailment", "contradiction", "neutral"),
+             lambda i, a, b, y: f"{i}\t{i}\t{i}\tfiction\t(a)\t(b)\t(a)\t(b)\t{a}\t{b}\t{y}\t{y}"),
+}
+
+
+def write_pairs(task: str, docs, out: Path, n_train: int, n_dev: int, seed: int = 0) -> Path:
+    header, labels, fmt = PAIR_LAYOUTS[task]
+    rng = random.Random(seed)
+    pairs = [(d[i], d[i + 1], di) for di, d in enumerate(docs) for i in range(len(d) - 1)]
+    rng.shuffle(pairs)
+    rows = []
+    for a, b, di in pairs:
+        kind = rng.randrange(len(labels))
+        if kind == 1:
+            a, b = b, a
+        elif kind == 2:
+            other = docs[(di + 1 + rng.randrange(len(docs) - 1)) % len(docs)]
+            b = rng.choice(other)
+        rows.append((a, b, labels[kind]))
+    out.mkdir(parents=True, exist_ok=True)
+    train, dev = _split(rows, n_train, 2 * n_dev if task == "mnli" else n_dev)
+    files = {"train.tsv": train}
+    if task == "mnli":
+        files.update({"dev_matched.tsv": dev[:n_dev], "dev_mismatched.tsv": dev[n_dev:]})
+    else:
+        files["dev.tsv"] = dev
+    for name, part in files.items():
+        (out / name).write_text(header + "\n" + "".join(fmt(i, a, b, y) + "\n" for i, (a, b, y) in enumerate(part)))
+    return out
+
+
+def write_sts(docs, out: Path, n_train: int, n_dev: int, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    sents = _sentences(docs, 4)
+    rows = []
+    for i in range(n_train + n_dev):
+        a = rng.choice(sents)
+        b = a if rng.random() < 0.3 else rng.choice(sents)
+        wa, wb = set(a.lower().split()), set(b.lower().split())
+        rows.append((a, b, 5.0 * len(wa & wb) / len(wa | wb)))
+    out.mkdir(parents=True, exist_ok=True)
+    for name, part in zip(("train", "dev"), _split(rows, n_train, n_dev)):
+        (out / f"{name}.tsv").write_text(STS_HEADER + "\n" + "".join(
+            f"{i}\tmain-forums\tcorpus\t2026\t{i}\tnone\tnone\t{a}\t{b}\t{y:.3f}\n" for i, (a, b, y) in enumerate(part)))
+    return out
+
+
+def write_sst(docs, out: Path, n_train: int, n_dev: int, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    sents = _sentences(docs, 4)
+    rng.shuffle(sents)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, part in zip(("train", "dev"), _split(sents, n_train, n_dev)):
+        (out / f"{name}.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{int('?' in s)}\n" for s in part))
+    return out

@@ -1,0 +1,210 @@
+"""Fine-tuning starts from every family's own checkpoint (BERT model folder, RoBERTa/ALBERT/ERNIE Hugging Face
+exports, ELECTRA's generator+discriminator folder), with the heads Hugging Face's *ForSequenceClassification classes
+put there (logits compared with transformers'), ELECTRA's layer-wise learning rates, and clear errors before any
+training for an unsupported family or a tokenizer that does not belong to the model. Short CPU runs, fp32."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from finetune_tasks import corpus_documents, write_cola, write_pairs, write_sts
+from trainer.finetune.__main__ import main as finetune_main
+from trainer.finetune.model import build_classifier, load_source, optimizer_groups
+from trainer.models import ElectraPretrainingModel, PretrainingModel, get_preset
+from trainer.models.electra import DISCRIMINATOR_HEADS
+from trainer.models.hf_convert import export_hf
+from trainer.models.model_folder import save_model_folder
+from trainer.models.presets import ALBERT_HEADS, BERT_HEADS, ROBERTA_HEADS
+
+REPO = Path(__file__).resolve().parents[1]
+FAMILIES = {  # family: (preset, heads, tokenizer kind, saved as, task)
+    "bert": ("tiny", BERT_HEADS, "wordpiece", "model folder", "cola"),
+    "roberta": ("tiny-roberta", ROBERTA_HEADS, "bbpe", "hugging face", "sts-b"),
+    "albert": ("tiny-albert", ALBERT_HEADS, "wordpiece", "hugging face", "mrpc"),
+    "electra": ("tiny-electra", None, "wordpiece", "model folder", "rte"),
+    "ernie": ("tiny-ernie", BERT_HEADS, "wordpiece", "hugging face", "mnli"),
+}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, en_corpus):
+    out = tmp_path_factory.mktemp("finetune")
+    text = out / "en.txt"
+    text.write_text("\n".join(en_corpus.read_text(encoding="utf-8").splitlines()[:6000]) + "\n", encoding="utf-8")
+    for kind in ("wordpiece", "bbpe"):
+        proc = subprocess.run([sys.executable, "data_prep/train_tokenizer.py", "--kind", kind, "--input", str(text),
+                               "--vocab-size", "800", "--output", str(out / kind)], cwd=REPO, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    docs = corpus_documents(en_corpus, 6000, 9000)
+    write_cola(docs, out / "cola", 48, 24)
+    write_sts(docs, out / "sts-b", 48, 24)
+    for task in ("mrpc", "rte", "mnli"):
+        write_pairs(task, docs, out / task, 48, 24)
+    return out
+
+
+def perturbed(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return model
+
+
+def make_source(work: Path, family: str) -> tuple[Path, torch.nn.Module]:
+    """The family's pretraining model with perturbed weights, saved the way that family's row says."""
+    from data_prep.tokenizer import load_tokenizer
+    preset, heads, kind, saved, _ = FAMILIES[family]
+    tok = load_tokenizer(work / kind)
+    cfg = get_preset(preset, vocab_size=tok.vocab_size, pad_token_id=tok.pad_id, dropout=0.0, attention_dropout=0.0,
+                     **({"position_offset": tok.pad_id + 1} if family == "roberta" else {}))
+    torch.manual_seed(0)
+    model = perturbed(ElectraPretrainingModel(cfg) if family == "electra" else PretrainingModel(cfg, heads))
+    folder = work / f"src_{family}"
+    if folder.exists():
+        return folder, model
+    if saved == "model folder":
+        save_model_folder(model, cfg, folder)
+        for f in (work / kind).iterdir():
+            shutil.copy(f, folder / f.name)
+    else:
+        export_hf(cfg, model.state_dict(), folder, work / kind)
+    return folder, model
+
+
+@pytest.fixture
+def clean_env():
+    """In-process runs make their own 1-rank process group and set RANK/MASTER_PORT...: restore the environment."""
+    saved = dict(os.environ)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is faster than two contending on a shared machine
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_classifier_starts_from_the_checkpoint_with_hugging_face_heads(family, work):
+    import transformers
+    folder, model = make_source(work, family)
+    source = load_source(folder)
+    assert source.cfg.family == family and source.kind == FAMILIES[family][3]
+    clf = build_classifier(source, 3, dropout=0.0, classifier_dropout=0.0).eval()
+    pre = model.discriminator if family == "electra" else model
+    for key, value in pre.encoder.state_dict().items():
+        torch.testing.assert_close(clf.encoder.state_dict()[key], value, rtol=0, atol=1e-6, msg=key)
+    # The same classifier in transformers: the exported encoder, the pretrained pooler where HF keeps one, and our
+    # classifier's weights copied in; equal logits mean our head is the one the export would be fine-tuned with.
+    hf_dir = work / f"hf_{family}"
+    if not hf_dir.exists():
+        export_hf(model.cfg, model.state_dict(), hf_dir)
+    cls = getattr(transformers, f"{ {'ernie': 'Ernie', 'bert': 'Bert', 'roberta': 'Roberta', 'albert': 'Albert', 'electra': 'Electra'}[family]}ForSequenceClassification")
+    hf = cls.from_pretrained(hf_dir, num_labels=3, local_files_only=True).eval()
+    head = clf.head
+    with torch.no_grad():
+        if family in ("roberta", "electra"):
+            hf.classifier.dense.weight.copy_(head.pooler.weight)
+            hf.classifier.dense.bias.copy_(head.pooler.bias)
+            hf.classifier.out_proj.weight.copy_(head.classifier.weight)
+            hf.classifier.out_proj.bias.copy_(head.classifier.bias)
+        else:
+            hf.classifier.weight.copy_(head.classifier.weight)
+            hf.classifier.bias.copy_(head.classifier.bias)
+    cfg = source.cfg
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, cfg.vocab_size, (2, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    ids[mask == 0] = cfg.pad_token_id
+    types = torch.zeros_like(ids)
+    with torch.no_grad():
+        ours = clf(ids, mask, types)
+        theirs = hf(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_fine_tunes_from_its_own_checkpoint(family, work, clean_env):
+    folder, _ = make_source(work, family)
+    task = FAMILIES[family][4]
+    out = work / f"run_{family}"
+    code = finetune_main(["--checkpoint", str(folder), "--task", task, "--data", str(work / task),
+                          "--set", f"run_dir={out}", "--set", "train.epochs=1", "--set", "train.global_batch_size=16",
+                          "--set", "train.micro_batch_size=8", "--set", "optim.lr=1e-3",
+                          "--set", "deepspeed.config=ds_configs/zero0.json"]
+                         + (["--set", "optim.layer_decay=0.8"] if family == "electra" else []))
+    assert code == 0
+    res = json.loads((out / "finetune" / task / "results.json").read_text())
+    assert res["family"] == family and res["examples"]["train"] == 48
+    (run,) = res["runs"]
+    assert run["steps"] == 3 and run["seed"] == 1234
+    expected = {"cola": {"dev": ["matthews"]}, "sts-b": {"dev": ["spearman", "pearson"]},
+                "mrpc": {"dev": ["f1", "accuracy"]}, "rte": {"dev": ["accuracy"]},
+                "mnli": {"matched": ["accuracy"], "mismatched": ["accuracy"]}}[task]
+    assert {split: list(m) for split, m in run["metrics"].items()} == expected
+    for scores in run["metrics"].values():
+        assert all(-1.0 <= v <= 1.0 for v in scores.values())
+
+
+def test_electra_layer_wise_learning_rates(work):
+    folder, _ = make_source(work, "electra")
+    clf = build_classifier(load_source(folder), 2, None, 0.1)
+    L, lr, d = clf.cfg.num_layers, 1e-3, 0.8
+    groups = optimizer_groups(clf, lr, 0.01, d)
+    lr_of = {id(p): (g["lr"], g["weight_decay"]) for g in groups for p in g["params"]}
+    named = dict(clf.named_parameters())
+    # ELECTRA's _get_layer_lrs: depth 0 embeddings, i + 1 layer i, L + 2 task head; lr x decay^(L + 2 - depth)
+    assert lr_of[id(named["encoder.embeddings.word.weight"])] == (pytest.approx(lr * d ** (L + 2)), 0.01)
+    assert lr_of[id(named["encoder.project.weight"])][0] == pytest.approx(lr * d ** (L + 2))
+    assert lr_of[id(named["encoder.attention.0.qkv.weight"])] == (pytest.approx(lr * d ** (L + 1)), 0.01)
+    assert lr_of[id(named[f"encoder.ffn.{L - 1}.norm.weight"])] == (pytest.approx(lr * d ** 2), 0.0)
+    assert lr_of[id(named["head.classifier.weight"])] == (pytest.approx(lr), 0.01)
+    assert sum(len(g["params"]) for g in groups) == len(named)
+    from trainer.engine import build_optimizer
+    from trainer.finetune.config import FinetuneOptim
+    opt = build_optimizer(FinetuneOptim(lr=lr, layer_decay=d), clf, "cpu", {}, groups=groups)
+    assert sorted(g["lr"] for g in opt.param_groups) == sorted(g["lr"] for g in groups)
+    albert, _ = make_source(work, "albert")
+    with pytest.raises(ValueError, match="shares them"):
+        optimizer_groups(build_classifier(load_source(albert), 2, None, 0.1), lr, 0.01, d)
+
+
+def run_cli(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainer.finetune", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_bad_checkpoints_and_tokenizers_fail_before_training(work, tmp_path, capsys, clean_env):
+    bert, _ = make_source(work, "bert")
+    base = ["--task", "cola", "--data", str(work / "cola"), "--set", f"run_dir={tmp_path}"]
+    gpt = tmp_path / "gpt2"
+    gpt.mkdir()
+    (gpt / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
+    cases = [
+        (["--checkpoint", str(gpt)], "a Hugging Face 'gpt2' model; fine-tuning supports the families"),
+        (["--checkpoint", str(tmp_path / "nowhere")], "no such folder"),
+        (["--checkpoint", str(bert), "--set", f"tokenizer={work / 'bbpe'}"], "pads with id 1, the model with 0"),
+        (["--checkpoint", str(bert), "--task", "mnli"], "lacks ['dev_matched.tsv', 'dev_mismatched.tsv']"),
+        (["--checkpoint", str(bert), "--set", "optim.lr=-1"], "optim.lr: Input should be greater than 0"),
+        (["--checkpoint", str(bert), "--set", "train.globl_batch=3"], "unknown key"),
+        (["--checkpoint", str(bert), "--task", "squad"], "unknown task 'squad'"),
+    ]
+    for extra, message in cases:
+        code = finetune_main(base + extra)
+        err = capsys.readouterr().err
+        assert code == 2 and message in err, (extra, err)
+    small = tmp_path / "small_vocab"  # the tokenizer has more tokens than the model's embedding table
+    cfg = get_preset("tiny", vocab_size=500, pad_token_id=0)
+    save_model_folder(PretrainingModel(cfg, BERT_HEADS), cfg, small)
+    assert finetune_main(base + ["--checkpoint", str(small), "--set", f"tokenizer={work / 'wordpiece'}"]) == 2
+    assert "has 800 tokens but the model's embedding table has 500 rows" in capsys.readouterr().err
+    assert not (tmp_path / "finetune").exists()  # nothing was trained or written

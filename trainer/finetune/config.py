@@ -1,0 +1,142 @@
+"""The fine-tuning config: YAML (``--config FILE``) + ``--set KEY=VALUE``, validated by pydantic before any work.
+
+Defaults are the papers' GLUE practice (BERT, section 4.1 and appendix A.3; RoBERTa, appendix C): batch 32, 3 epochs,
+linear warmup over the first 10 % then linear decay to 0, AdamW with weight decay 0.01, sequences of 128. ELECTRA adds
+layer-wise learning-rate decay (``optim.layer_decay``: 0.8 base, 0.9 large). Every section forbids unknown keys.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainer.config import ConfigError, DeepSpeedConfig, apply_override
+from trainer.optim import OptimConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TaskSection(_Section):
+    name: str | None = None
+    """A GLUE task (cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli) or tsv; normally given as --task."""
+    data: str | None = None
+    """The task's folder in GLUE's layout (train.tsv, dev.tsv; MNLI dev_matched/dev_mismatched); normally --data."""
+    train_file: str = "train.tsv"
+    """tsv only: the training split's file in the data folder."""
+    dev_files: dict[str, str] = Field(default_factory=lambda: {"dev": "dev.tsv"})
+    """tsv only: evaluation splits, name -> file; the first one's main metric chooses the best learning rate."""
+    text_a: str | int = "sentence"
+    """tsv only: the column of the first text (header name, or 0-based index)."""
+    text_b: str | int | None = None
+    """tsv only: the column of the second text of a pair (None: single-sentence task)."""
+    label: str | int = "label"
+    """tsv only: the label column."""
+    labels: list[str] | None = None
+    """tsv only: every class as written in the files (its order = the classifier's outputs); None = regression."""
+    metrics: list[Literal["accuracy", "f1", "matthews", "pearson", "spearman"]] = Field(
+        default_factory=lambda: ["accuracy"])
+    """tsv only: metrics to report; the first is the main score."""
+    header: bool = True
+    """tsv only: the files start with a header line."""
+    skip_malformed: bool = False
+    """tsv only: skip (and count) lines with too few columns instead of stopping at the first."""
+
+
+class FinetuneTrain(_Section):
+    epochs: float = Field(default=3.0, gt=0)
+    """Passes over the training split (fractions allowed); steps = ceil(epochs x examples / global batch)."""
+    global_batch_size: int = Field(default=32, gt=0)
+    micro_batch_size: int = Field(default=32, gt=0)
+    """Examples per forward/backward on one rank; global / (micro x ranks) micro-batches are accumulated."""
+    max_seq_length: int = Field(default=128, gt=2)
+    """Pairs are truncated longest-first to fit, [CLS]/[SEP] included."""
+    eval_batch_size: int = Field(default=64, gt=0)
+    seeds: int = Field(default=1, gt=0)
+    """Runs per setting, with seeds seed, seed+1, ...; the median of each metric is reported (papers: 5)."""
+    from_scratch: bool = False
+    """Same architecture and tokenizer with random weights: the baseline that shows what pretraining adds."""
+    dropout: float | None = Field(default=None, ge=0, lt=1)
+    """Hidden and attention dropout while fine-tuning; None = the checkpoint's (ALBERT v2 pretrains without any)."""
+    classifier_dropout: float = Field(default=0.1, ge=0, lt=1)
+    """Dropout before the classifier (BERT, ALBERT and ELECTRA use 0.1)."""
+
+
+class FinetuneOptim(OptimConfig):
+    lr: float = Field(default=2e-5, gt=0)
+    """Peak learning rate (sweep it: --sweep optim.lr=1e-5,2e-5,3e-5)."""
+    layer_decay: float = Field(default=1.0, gt=0, le=1)
+    """ELECTRA's layer-wise decay: layer i of L gets lr x decay^(L+1-i), the embeddings lr x decay^(L+2), the head
+    lr (ELECTRA: 0.8 base/small, 0.9 large). 1.0 = off. Not for shared layers (ALBERT)."""
+
+
+class FinetuneSchedule(_Section):
+    warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
+    """Linear warmup over this fraction of the steps, then linear decay to 0."""
+
+
+class FinetuneDeepSpeed(DeepSpeedConfig):
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """auto = bf16 on a GPU that supports it, fp32 otherwise (on CPU bf16 matmul is ~250x slower)."""
+
+
+class FinetuneConfig(_Section):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+    task: TaskSection = Field(default_factory=TaskSection)
+    train: FinetuneTrain = Field(default_factory=FinetuneTrain)
+    optim: FinetuneOptim = Field(default_factory=FinetuneOptim)
+    schedule: FinetuneSchedule = Field(default_factory=FinetuneSchedule)
+    deepspeed: FinetuneDeepSpeed = Field(default_factory=FinetuneDeepSpeed)
+    seed: int = 1234
+    run_dir: str | None = None
+    """Results go to RUN_DIR/finetune/<task>/; None = the checkpoint's run folder (or the model folder)."""
+    tokenizer: str | None = None
+    """Tokenizer folder; None = the checkpoint's own (a run's corpus tokenizer, or the files in a model folder)."""
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.train.global_batch_size % self.train.micro_batch_size:
+            raise ValueError(f"train.global_batch_size={self.train.global_batch_size} is not a multiple of "
+                             f"train.micro_batch_size={self.train.micro_batch_size}")
+        if self.task.name == "tsv" and not self.task.metrics:
+            raise ValueError("task.metrics: list at least one metric")
+        return self
+
+
+def accumulation(cfg: FinetuneConfig, world_size: int) -> int:
+    """Micro-batches per step on each rank: global = micro x accumulation x ranks, exactly."""
+    per_step = cfg.train.micro_batch_size * world_size
+    if cfg.train.global_batch_size % per_step:
+        raise ConfigError(f"train.global_batch_size={cfg.train.global_batch_size} is not a multiple of "
+                          f"train.micro_batch_size={cfg.train.micro_batch_size} x {world_size} ranks; change one")
+    return cfg.train.global_batch_size // per_step
+
+
+def load_finetune_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> FinetuneConfig:
+    raw: dict = {}
+    source = "fine-tuning config"
+    if path is not None:
+        source = str(path)
+        try:
+            raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except OSError as err:
+            raise ConfigError(f"--config {path}: {err.strerror}") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of sections")
+    for override in overrides:
+        apply_override(raw, override)
+    try:
+        return FinetuneConfig.model_validate(raw)
+    except ValidationError as err:
+        lines = [f"{source}: invalid config ({err.error_count()} error(s)):"]
+        for e in err.errors():
+            key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+            hint = " (unknown key: check its spelling, or remove it)" if e["type"] == "extra_forbidden" else ""
+            lines.append(f"  {key}: {e['msg']}{hint}")
+        raise ConfigError("\n".join(lines)) from None

@@ -1,0 +1,217 @@
+"""Downstream scores during pretraining: ``eval.downstream`` fine-tunes copies of checkpoints in separate processes.
+
+    eval:
+      downstream:
+        - {task: rte, data: glue_data/RTE, every_steps: 10000, set: [optim.lr=3e-5]}
+
+At step s (a multiple of ``every_steps``) the run saves a checkpoint (if that step has none yet), and rank 0 copies
+it to ``RUN_DIR/downstream/global_step<s>/<task>/`` as hard links (no extra disk; the copy survives keep-last pruning
+of the original; a plain copy where hard links are impossible) and starts ``python -m trainer.finetune`` on the copy
+as a new process session with the launcher's rank variables removed, so it is a 1-process job of its own and the
+pretraining ranks never wait for it. The child writes its result record into ``RUN_DIR/metrics.jsonl`` (``"split":
+"downstream"``, ``step`` = the pretraining step, ``<task>_<metric>`` = the median score; one ``O_APPEND`` write of a
+line, which does not interleave with the trainer's own line writes on a local or Lustre filesystem) and TensorBoard
+(``downstream/<task>_<metric>``, its own event file in ``RUN_DIR/tensorboard``), then deletes its copy. Rank 0 polls
+its children once per step (``Popen.poll``: no blocking) and prints each finished score or names the log of a failed
+one. At most ``max_running`` children per task run at once; later due steps queue (their copies made at once) and
+start as earlier ones finish; whatever is queued when pretraining ends is started then.
+
+Where the child runs is ``command_prefix`` (e.g. ``[srun, --overlap, -N1, -n1, --gres=gpu:1]``) and ``env`` (e.g.
+``{CUDA_VISIBLE_DEVICES: ""}`` keeps it off the GPUs the pretraining uses). This module imports only pydantic and the
+standard library at import time (it holds a config section).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Variables through which a launcher makes a process a rank of its job; the child must start a job of its own.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                  "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS",
+                  "SLURM_LOCALID", "CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")
+RANK_PREFIXES = ("TORCHELASTIC_", "OMPI_COMM_WORLD_", "PMI_", "PMIX_")
+
+
+class DownstreamTask(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task: str
+    """A GLUE task name or tsv (as ``python -m trainer.finetune --task``)."""
+    data: str
+    """The task's folder in GLUE's layout."""
+    every_steps: int = Field(gt=0)
+    """Fine-tune the checkpoint of every N-th pretraining step (a checkpoint is saved at those steps)."""
+    config: str | None = None
+    """Fine-tuning YAML (``--config``); None = the papers' defaults."""
+    set: list[str] = Field(default_factory=list)
+    """``--set`` overrides for the fine-tuning, e.g. [optim.lr=3e-5, train.epochs=2]."""
+    sweep: list[str] = Field(default_factory=list)
+    """``--sweep`` grids, e.g. [optim.lr=2e-5,3e-5]; the logged score is the best setting's median."""
+    seeds: int = Field(default=1, gt=0)
+
+
+class EvalConfig(BaseModel):
+    """The ``eval`` section of a pretraining run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    downstream: list[DownstreamTask] = Field(default_factory=list)
+    """Tasks fine-tuned on copies of checkpoints in separate processes while pretraining continues."""
+    max_running: int = Field(default=1, gt=0)
+    """Children per task running at once; later ones wait in a queue (copies made when due)."""
+    command_prefix: list[str] = Field(default_factory=list)
+    """Prepended to the child's command, e.g. [srun, --overlap, -N1, -n1] to run it on an allocation's resources."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Set in the child's environment, e.g. {CUDA_VISIBLE_DEVICES: ""} for a CPU-only child."""
+
+
+def copy_checkpoint(tag_dir: Path, dest: Path) -> Path:
+    """``dest/<tag>``: hard links of the checkpoint's files (a copy where links fail); no universal/ subfolder."""
+    target = dest / Path(tag_dir).name
+    if target.exists():
+        shutil.rmtree(target)
+    dest.mkdir(parents=True, exist_ok=True)
+
+    def link(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+    shutil.copytree(tag_dir, target, copy_function=link, ignore=shutil.ignore_patterns("universal", ".universal*"))
+    return target
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES and not k.startswith(RANK_PREFIXES)}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.update(extra)
+    return env
+
+
+class DownstreamLauncher:
+    """Rank 0's side: ``due(step)``, ``launch(step, tag_dir)`` after the save, ``poll()`` every step, ``finish()``."""
+
+    def __init__(self, cfg: EvalConfig, run_dir: str | Path, rank: int, say=print):
+        self.cfg, self.run_dir, self.rank, self.say = cfg, Path(run_dir), rank, say
+        self.running: list[tuple[DownstreamTask, int, subprocess.Popen, Path]] = []
+        self.queued: list[tuple[DownstreamTask, int, Path]] = []
+
+    def due(self, step: int) -> bool:
+        return any(step % t.every_steps == 0 for t in self.cfg.downstream)
+
+    def launch(self, step: int, tag_dir: Path) -> None:
+        if self.rank != 0:
+            return
+        for t in self.cfg.downstream:
+            if step % t.every_steps == 0:
+                copy = copy_checkpoint(tag_dir, self.run_dir / "downstream" / tag_dir.name / _slug(t.task))
+                self.queued.append((t, step, copy))
+        self.poll()
+
+    def _start(self, t: DownstreamTask, step: int, copy: Path) -> None:
+        out = copy.parent
+        cmd = [*self.cfg.command_prefix, sys.executable, "-m", "trainer.finetune", "--checkpoint", str(copy),
+               "--task", t.task, "--data", t.data, "--seeds", str(t.seeds), "--set", f"run_dir={out}",
+               "--report-run", str(self.run_dir), "--report-step", str(step), "--cleanup"]
+        if t.config:
+            cmd += ["--config", t.config]
+        for s in t.set:
+            cmd += ["--set", s]
+        for s in t.sweep:
+            cmd += ["--sweep", s]
+        log = open(out / "finetune.log", "w")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(self.cfg.env),
+                                start_new_session=True, cwd=os.getcwd())
+        log.close()  # the child holds its own descriptor
+        self.running.append((t, step, proc, out))
+        self.say(f"downstream: fine-tuning {t.task} on the step-{step} checkpoint (pid {proc.pid}, log "
+                 f"{out / 'finetune.log'})")
+
+    def poll(self) -> None:
+        if self.rank != 0:
+            return
+        still = []
+        for t, step, proc, out in self.running:
+            code = proc.poll()
+            if code is None:
+                still.append((t, step, proc, out))
+            elif code == 0:
+                score = _read_score(out / "finetune" / _task_dir(t.task) / "results.json")
+                self.say(f"downstream: {t.task} at step {step}: {score}")
+            else:
+                self.say(f"downstream: fine-tuning {t.task} at step {step} failed (exit {code}); see "
+                         f"{out / 'finetune.log'}")
+        self.running = still
+        waiting = []
+        for t, step, copy in self.queued:
+            if sum(1 for r in self.running if r[0] is t) < self.cfg.max_running:
+                self._start(t, step, copy)
+            else:
+                waiting.append((t, step, copy))
+        self.queued = waiting
+
+    def finish(self) -> None:
+        """End of pretraining: start what is still queued; never wait for children."""
+        if self.rank != 0:
+            return
+        self.poll()
+        for t, step, copy in self.queued:
+            self._start(t, step, copy)
+        self.queued = []
+
+
+def _slug(task: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in task.lower())
+
+
+def _task_dir(task: str) -> str:
+    from trainer.finetune.tasks import ALIASES
+    return ALIASES.get(task.lower(), task.lower())
+
+
+def _read_score(path: Path) -> str:
+    try:
+        rec = json.loads(path.read_text())
+        return " ".join(f"{m}={100 * v:.2f}" for m, v in rec["best"][rec["selection_split"]].items())
+    except (OSError, ValueError, KeyError) as err:
+        return f"(no readable results at {path}: {err})"
+
+
+def score_record(summary: dict) -> dict:
+    """The metrics.jsonl record of a finished fine-tuning: the best setting's medians, ``<task>_<metric>`` keys
+    (``<task>_<split>_<metric>`` for splits after the first, e.g. MNLI's mismatched)."""
+    task = summary["task"].replace("-", "")
+    rec = {"step": summary["pretraining_step"], "split": "downstream", "task": summary["task"]}
+    for i, (split, scores) in enumerate(summary["best"].items()):
+        for metric, value in scores.items():
+            rec[f"{task}_{metric}" if i == 0 else f"{task}_{split}_{metric}"] = value
+    rec["setting"] = summary["best_setting"]
+    return rec
+
+
+def report(run_dir: str | Path, summary: dict) -> dict:
+    """Append the score to the pretraining run's metrics.jsonl (one O_APPEND write) and TensorBoard."""
+    run_dir = Path(run_dir)
+    rec = score_record(summary)
+    fd = os.open(run_dir / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(rec) + "\n").encode())
+    finally:
+        os.close(fd)
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return rec
+    writer = SummaryWriter(str(run_dir / "tensorboard"), filename_suffix=f".downstream{os.getpid()}")
+    for key, value in rec.items():
+        if isinstance(value, float):
+            writer.add_scalar(f"downstream/{key}", value, rec["step"])
+    writer.close()
+    return rec

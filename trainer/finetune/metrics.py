@@ -1,0 +1,47 @@
+"""GLUE's metrics, computed by scikit-learn and scipy (the implementations GLUE's own evaluation and Hugging Face's
+``glue`` metric call): Matthews correlation (CoLA), F1 of the positive class and accuracy (MRPC, QQP), Pearson and
+Spearman correlation (STS-B), accuracy (the rest). Scores are fractions in [0, 1] (correlations in [-1, 1]); the
+summary table prints them x100 as the papers do.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+
+def _accuracy(pred, gold) -> float:
+    from sklearn.metrics import accuracy_score
+    return float(accuracy_score(gold, pred))
+
+
+def _f1(pred, gold) -> float:
+    from sklearn.metrics import f1_score
+    return float(f1_score(gold, pred, zero_division=0.0))  # binary: F1 of label 1 (paraphrase / duplicate)
+
+
+def _matthews(pred, gold) -> float:
+    from sklearn.metrics import matthews_corrcoef
+    return float(matthews_corrcoef(gold, pred))
+
+
+def _correlation(fn: str) -> Callable:
+    def corr(pred, gold) -> float:
+        import scipy.stats
+        if len(set(pred)) < 2 or len(set(gold)) < 2:
+            return 0.0  # undefined for constant inputs (scipy warns and returns nan); a collapsed model scores 0
+        value = float(getattr(scipy.stats, fn)(pred, gold)[0])
+        return 0.0 if math.isnan(value) else value
+    return corr
+
+
+METRICS: dict[str, Callable[[Sequence, Sequence], float]] = {
+    "accuracy": _accuracy, "f1": _f1, "matthews": _matthews,
+    "pearson": _correlation("pearsonr"), "spearman": _correlation("spearmanr"),
+}
+
+
+def compute(names: Sequence[str], predictions: Sequence, labels: Sequence) -> dict[str, float]:
+    """{name: score} for predicted class ids (or regression values) against the gold labels."""
+    if len(predictions) != len(labels):
+        raise ValueError(f"{len(predictions)} predictions for {len(labels)} labels")
+    return {name: METRICS[name](list(predictions), list(labels)) for name in names}

@@ -1,0 +1,169 @@
+"""One fine-tuning run (one learning rate, one seed) through the trainer's DeepSpeed engine, and its dev scores.
+
+Data parallel like pretraining: step s takes the next global batch of a seeded per-epoch shuffle; rank r of R runs
+micro-batches ``k * R + r`` of it (k < accumulation steps), so any world size sees the same examples per step, and the
+engine averages the gradients (ZeRO stage and precision from the config). Evaluation splits each dev set over the
+ranks and gathers the predictions, so every rank computes the same scores with scikit-learn/scipy.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from trainer.finetune.metrics import compute
+from trainer.finetune.tasks import Example, TaskSpec
+
+
+@dataclass
+class Encoded:
+    ids: list[list[int]]
+    types: list[list[int]]
+    labels: list
+
+
+def encode(tokenizer, examples: list[Example], max_len: int, family: str, type_vocab_size: int) -> Encoded:
+    """[CLS] A [SEP] (B [SEP]) with segment ids 0/1; RoBERTa: <s> A </s></s> B </s>, all segment ids 0 (fairseq's
+    and Hugging Face's pair format). Pairs are truncated longest-first, as BERT's ``_truncate_seq_pair``."""
+    texts_a = [e.text_a for e in examples]
+    texts_b = [e.text_b for e in examples if e.text_b is not None]
+    enc = getattr(tokenizer, "encode_batch", None)
+    a_ids = enc(texts_a) if enc else [tokenizer.encode(t) for t in texts_a]
+    b_all = (enc(texts_b) if enc else [tokenizer.encode(t) for t in texts_b]) if texts_b else []
+    b_iter = iter(b_all)
+    cls, sep = tokenizer.cls_id, tokenizer.sep_id
+    mid = [sep, sep] if family == "roberta" else [sep]
+    out = Encoded([], [], [])
+    for e, a in zip(examples, a_ids):
+        b = list(next(b_iter)) if e.text_b is not None else None
+        a = list(a)
+        budget = max_len - (2 if b is None else 1 + len(mid) + 1)
+        while len(a) + (len(b) if b else 0) > budget:
+            (a if b is None or len(a) >= len(b) else b).pop()
+        ids = [cls] + a + [sep]
+        types = [0] * len(ids)
+        if b is not None:
+            tail = mid[1:] + b + [sep]
+            ids += tail
+            types += [1 if type_vocab_size > 1 else 0] * len(tail)
+        out.ids.append(ids)
+        out.types.append(types)
+        out.labels.append(e.label)
+    return out
+
+
+def collate(data: Encoded, idx, pad_id: int, regression: bool) -> dict[str, torch.Tensor]:
+    width = max(len(data.ids[i]) for i in idx)
+    ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+    types = torch.zeros((len(idx), width), dtype=torch.long)
+    mask = torch.zeros((len(idx), width), dtype=torch.long)
+    for row, i in enumerate(idx):
+        n = len(data.ids[i])
+        ids[row, :n] = torch.tensor(data.ids[i])
+        types[row, :n] = torch.tensor(data.types[i])
+        mask[row, :n] = 1
+    labels = torch.tensor([data.labels[i] for i in idx], dtype=torch.float32 if regression else torch.long)
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "labels": labels}
+
+
+def task_loss(model, batch: dict) -> torch.Tensor:
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   token_type_ids=batch["token_type_ids"]).float()
+    if batch["labels"].dtype.is_floating_point:
+        return F.mse_loss(logits.squeeze(-1), batch["labels"])
+    return F.cross_entropy(logits, batch["labels"])
+
+
+def sample_stream(n: int, steps: int, global_batch: int, seed: int) -> np.ndarray:
+    """steps x global_batch example indices: a fresh seeded permutation per epoch, concatenated."""
+    need = steps * global_batch
+    rng = np.random.default_rng(seed)
+    chunks = [rng.permutation(n) for _ in range(math.ceil(need / n))]
+    return np.concatenate(chunks)[:need].reshape(steps, global_batch)
+
+
+def resolved_precision(cfg, device: str) -> str:
+    if cfg.deepspeed.precision != "auto":
+        return cfg.deepspeed.precision
+    return "bf16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "fp32"
+
+
+@torch.no_grad()
+def evaluate(engine, data: Encoded, spec: TaskSpec, batch_size: int, pad_id: int, rank: int, world: int
+             ) -> dict[str, float]:
+    import torch.distributed as dist
+    engine.train(False)
+    mine = list(range(rank, len(data.ids), world))
+    preds: list = []
+    for start in range(0, len(mine), batch_size):
+        idx = mine[start:start + batch_size]
+        batch = {k: v.to(engine.device) for k, v in collate(data, idx, pad_id, spec.is_regression).items()}
+        logits = engine(lambda m, b: m(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                                       token_type_ids=b["token_type_ids"]), batch).float()
+        preds += logits.squeeze(-1).tolist() if spec.is_regression else logits.argmax(-1).tolist()
+    engine.train(True)
+    pairs = list(zip(mine, preds))
+    if dist.is_initialized() and world > 1:
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, pairs)
+        pairs = [p for part in gathered for p in part]
+    pairs.sort()
+    return compute(spec.metrics, [p for _, p in pairs], data.labels)
+
+
+def run_one(cfg, source, spec: TaskSpec, train: Encoded, devs: dict[str, Encoded], pad_id: int, seed: int,
+            rank: int, world: int, device: str) -> dict:
+    """Train on ``train`` with ``cfg`` and ``seed``; returns {"metrics": {split: {metric: v}}, "train_loss", ...}."""
+    from trainer import engine as ds
+    from trainer.checkpoint import seed_everything
+    from trainer.finetune.config import accumulation
+    from trainer.finetune.model import build_classifier, optimizer_groups
+    from trainer.optim.config import ScheduleConfig
+    from trainer.optim.schedules import build_scheduler
+
+    start = time.perf_counter()
+    grad_accum = accumulation(cfg, world)
+    G, micro = cfg.train.global_batch_size, cfg.train.micro_batch_size
+    steps = max(1, math.ceil(cfg.train.epochs * len(train.ids) / G))
+    seed_everything(seed)  # the same head init on every rank
+    model = build_classifier(source, spec.num_labels, cfg.train.dropout, cfg.train.classifier_dropout,
+                             cfg.train.from_scratch)
+    groups = optimizer_groups(model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay)
+    ds_cfg = cfg.model_copy(deep=True)
+    ds_cfg.deepspeed.precision = resolved_precision(cfg, device)
+    ds_config = ds.build_ds_config(ds_cfg, world, grad_accum)
+    optimizer = ds.build_optimizer(cfg.optim, model, device, ds_config, groups=groups)
+    schedule = ScheduleConfig(kind="linear", warmup_steps=round(cfg.schedule.warmup_ratio * steps))
+    scheduler = build_scheduler(schedule, optimizer, steps)
+    engine = ds.Engine(model, optimizer, scheduler, ds_config)
+    seed_everything(seed + 1 + rank)  # each rank its own dropout stream
+    stream = sample_stream(len(train.ids), steps, G, seed)
+    losses = []
+    for step in range(steps):
+        total = 0.0
+        for k in range(grad_accum):
+            lo = (k * world + rank) * micro
+            batch = collate(train, stream[step, lo:lo + micro].tolist(), pad_id, spec.is_regression)
+            loss = engine(task_loss, {key: v.to(engine.device) for key, v in batch.items()})
+            engine.backward(loss)
+            engine.step()
+            total += float(loss.detach())
+        losses.append(total / grad_accum)
+    per_step = torch.tensor(losses, dtype=torch.float64)
+    import torch.distributed as dist
+    if dist.is_initialized() and world > 1:  # once per run: the mean over every rank's micro-batches of each step
+        per_step = per_step.to(engine.device)
+        dist.all_reduce(per_step)
+        per_step = per_step.cpu() / world
+    losses = per_step.tolist()
+    scores = {split: evaluate(engine, data, spec, cfg.train.eval_batch_size, pad_id, rank, world)
+              for split, data in devs.items()}
+    tail = losses[-max(1, len(losses) // 10):]
+    del engine, optimizer, model
+    return {"metrics": scores, "train_loss_last": float(np.mean(tail)), "train_loss_first": losses[0],
+            "train_losses": losses,
+            "steps": steps, "seconds": time.perf_counter() - start}
