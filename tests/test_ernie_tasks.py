@@ -110,6 +110,41 @@ def test_pair_task_file_and_pair_row(tmp_path):
 
 
 def test_task_ids_are_stable():
-    # checkpoints store task embeddings by these ids: the first entries must never move
-    assert tasks.TASKS[:5] == ("mlm", "capitalization", "token_document", "sentence_reorder", "sentence_distance")
-    assert math.factorial(3) == 6
+    # checkpoints store task embeddings by these ids: a literal table, so moving or renaming an entry fails here
+    # (appending a new task means adding its line below)
+    assert tasks.TASK_ID == {"mlm": 0, "capitalization": 1, "token_document": 2, "sentence_reorder": 3,
+                             "sentence_distance": 4, "discourse": 5, "ir_relevance": 6, "dlm": 7}
+
+
+class _Document:
+    """One document of two sentences, as an IndexedCorpus shows it to the token-document task."""
+
+    def __init__(self, sentences):
+        self.sentences, self.doc_starts = sentences, np.array([0, len(sentences)])
+
+    def document_of(self, i):
+        return 0
+
+    def read(self, start, end):
+        return np.concatenate([np.zeros(0, np.int64)] + [np.asarray(s, np.int64) for s in self.sentences[start:end]])
+
+
+def test_token_document_labels_are_cased_when_capitalization_runs_in_the_same_step():
+    from trainer.ernie.data import MultiTaskDataset
+    vocab = ["[PAD]", "[CLS]", "[SEP]", "The", "the", "Paris", "paris", "is", "big"]
+    ds = MultiTaskDataset.__new__(MultiTaskDataset)  # only the labelling tables: no corpus files needed
+    ds.lower_id, ds.capital = tasks.capitalization_tables(vocab)
+    ds.is_special = np.array([True, True, True] + [False] * 6)
+    ds.word_start = np.ones(len(vocab), bool)
+    ds.tokdoc_max = 4096
+    # document "The Paris is big | Paris is the big"; the row is its first sentence
+    ds.corpora = [_Document([[3, 5, 7, 8], [5, 7, 4, 8]])]
+    row = np.array([1, 3, 5, 7, 8, 2])
+    # by hand, against the other sentence (Paris is the big): The no, Paris yes, is yes, big yes
+    want = [-100, 0, 1, 1, 1, -100]
+    alone = ds._token_tasks(row, None, "basic", None, {"token_document"}, [(0, 0, 1)])
+    both = ds._token_tasks(row, None, "basic", None, {"capitalization", "token_document"}, [(0, 0, 1)])
+    assert alone["token_document_labels"].tolist() == want
+    assert both["token_document_labels"].tolist() == want
+    assert both["input_ids"].tolist() == [1, 4, 6, 7, 8, 2]  # the model still reads the lower-cased row
+    assert both["capitalization_labels"].tolist() == [-100, 1, 1, 0, 0, -100]

@@ -222,11 +222,13 @@ class MultiTaskDataset(ErnieCorpusBase):
     def _token_tasks(self, ids, spans, level, rng, names, sources, segments=None) -> dict:
         cand = ~self.is_special[ids]
         out = {}
+        # token-document labels compare the row's cased ids with the cased document, so they come before the
+        # capitalization task lower-cases the row ("Paris" must match "Paris" elsewhere, not "paris")
+        if "token_document" in names:
+            out["token_document_labels"] = self._token_document(ids, cand, sources, segments)
         if "capitalization" in names:
             ids, labels = T.capitalization_labels(ids, cand, self.word_start[ids], self.lower_id, self.capital)
             out["capitalization_labels"] = labels
-        if "token_document" in names:
-            out["token_document_labels"] = self._token_document(ids, cand, sources, segments)
         if "mlm" in names:  # masking is the sample's last use of its generator: done later, batched
             out.update(self.pending(ids, spans, level, rng))
         else:
