@@ -228,6 +228,20 @@ def test_sop_negatives_are_the_positive_swapped(en_prepared):
     assert n_neg > 0
 
 
+def test_packed_rows_hold_more_samples_than_int8_counts(tmp_path):
+    # 300 one-token documents at T = 512: every sample is [CLS] t [SEP] (3 tokens), so a packed row holds up to
+    # 170 of them, past int8's 127
+    docs = [[[10 + d % 50]] for d in range(300)]
+    corpus = IndexedCorpus(write_shards(docs, tmp_path / "short", 100))
+    index = build_index(corpus, "doc-sentences", 512, 0.0, seed=1, pack=True)
+    build = SampleBuilder(corpus, index, "doc-sentences", 512, cls_id=2, sep_id=3)
+    s = build(0, None)
+    n = len(index.sample_chunks(0))
+    assert n >= 128
+    assert s["pack_ids"].tolist() == [k for k in range(1, n + 1) for _ in range(3)]
+    assert s["tokens"][0::3].tolist() == [2] * n and s["tokens"][2::3].tolist() == [3] * n
+
+
 def test_doc_sentences_never_cross_a_document_and_packing_fills_rows(en_corpus, en_tokenizer, tmp_path):
     docs = encode_docs(en_tokenizer, read_documents(en_corpus))
     # documents of 1 to 4 consecutive sentences of a module: a module's docstrings are one long document that fills

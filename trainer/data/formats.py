@@ -61,7 +61,9 @@ class SampleBuilder:
                     toks = np.insert(toks, self.cum[doc_ends] - self.cum[start], self.sep)
             toks = toks[:self.budget]
             rows.append(np.concatenate([[self.cls], toks, [self.sep]]).astype(np.int32))
-            packs.append(np.full(len(toks) + 2, k + 1, np.int8))
+            # int32: a packed sample is >= 2 tokens, so a row of T tokens holds up to T // 2 of them (256 at 512,
+            # past int8); int32 costs 4 bytes per token of IPC, like the tokens themselves
+            packs.append(np.full(len(toks) + 2, k + 1, np.int32))
         out = {"tokens": rows[0] if len(rows) == 1 else np.concatenate(rows)}
         out["token_types"] = np.zeros(len(out["tokens"]), np.int8)
         if self.fmt == "doc-sentences":
