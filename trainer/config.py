@@ -69,6 +69,9 @@ class CheckpointConfig(_Section):
     init_from: str | None = None
     """Start a fresh run from these weights (a checkpoint folder or a run's checkpoints folder; optimizer, schedule
     and data position start over), e.g. BERT phase 2 (seq 512) from phase 1 (seq 128). Ignored when resuming."""
+    lock_stale_s: float = Field(default=60.0, ge=1.0)
+    """RUN_DIR/run.lock (one launch per run folder, trainer/run_lock.py): a lock whose heartbeat (every
+    min(10 s, this / 6)) is older than this is taken over by a new launch; a fresher one refuses it."""
 
 
 class LoggingConfig(_Section):

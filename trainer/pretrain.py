@@ -108,19 +108,34 @@ def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) ->
 def run(args, cfg: RunConfig) -> int:
     """Everything after validation: process group, engine, resume, train. The modules that import torch and
     deepspeed are imported here, after validation, so ``--check`` and a bad config never load them."""
-    import torch
-
-    from trainer import checkpoint, engine
-    from trainer.ds_json import precision, read_ds_json, zero_stage
-    from trainer.loop import NonFiniteLossError, PreemptionFlag, Trainer
-    from trainer.metrics import MetricsLogger, peak_flops
-    from trainer.optim.schedules import build_scheduler
+    from trainer import engine
+    from trainer.loop import PreemptionFlag
+    from trainer.run_lock import take_run_folder
 
     preempt = PreemptionFlag()  # before the slow start-up, so an early SIGTERM is not lost
     rank, world_size = engine.init_distributed(cfg.deepspeed.timeout_minutes)
     grad_accum = validate_batch(cfg, world_size)
     device = engine.device_name()
-    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    # the run folder is ours before anything in it is read or written (another live launch: RunLockedError)
+    lock = take_run_folder(cfg.run_dir, cfg.checkpoint.lock_stale_s, rank, device)
+    try:
+        return _run_locked(args, cfg, preempt, rank, world_size, grad_accum, device)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_accum: int, device: str) -> int:
+    """Everything after the run folder is ours: engine, resume, train."""
+    import torch
+
+    from trainer import checkpoint, engine
+    from trainer.ds_json import precision, read_ds_json, zero_stage
+    from trainer.loop import NonFiniteLossError, Trainer
+    from trainer.metrics import MetricsLogger, peak_flops
+    from trainer.optim.schedules import build_scheduler
+
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)  # other ranks too (a node-local run_dir)
     root = checkpoint_dir(cfg)
     resume_dir = checkpoint.resolve_resume(root, args.resume)
     stage = zero_stage(cfg, read_ds_json(cfg))
@@ -149,7 +164,15 @@ def run(args, cfg: RunConfig) -> int:
 
     state = checkpoint.TrainState()
     if resume_dir is not None:
-        ds_engine.load(load_root, load_tag)
+        try:
+            ds_engine.load(load_root, load_tag)
+        except Exception as err:  # noqa: BLE001  (DeepSpeed says a bare AssertionError when the folder is gone)
+            if not checkpoint.is_complete(resume_dir):
+                raise FileNotFoundError(
+                    f"checkpoint {resume_dir}, chosen for resume, disappeared or became incomplete before it was "
+                    f"loaded (deleted or pruned by another process writing to {cfg.run_dir}?); relaunch to resume "
+                    f"from the newest complete checkpoint") from err
+            raise
         scheduler.sync_lr()
         saved = checkpoint.read_state(resume_dir)
         state = checkpoint.TrainState(step=saved["step"], consumed_samples=saved["consumed_samples"],
@@ -199,8 +222,13 @@ def main(argv=None) -> int:
     if args.check:
         print0(json.dumps(cfg.model_dump(mode="json"), indent=1))
         return 0
+    from trainer.run_lock import RunLockedError  # no torch: only the standard library
+
     try:
         return run(args, cfg)
+    except RunLockedError as err:  # the folder belongs to another launch: write nothing into it
+        print0(f"error: {err}", file=sys.stderr)
+        return EXIT_ERROR
     except Exception:  # noqa: BLE001  (any rank's failure: say which rank, then exit non-zero so launchers stop)
         rank = os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
         print(f"rank {rank}: training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
