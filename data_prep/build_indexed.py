@@ -1,14 +1,16 @@
 """Tokenize a corpus into megatron-core indexed shards plus a manifest: streaming, parallel, restartable.
 
     python data_prep/build_indexed.py --input DIR_OR_FILES_OR_GLOBS --tokenizer TOK_DIR --output-prefix OUT/corpus \
-        [--workers N] [--split-sentences] [--json-key text] [--chunk-size-mb 256] [--shard-size-mb 512]
+        [--workers N] [--split-sentences] [--json-key text] [--chunk-size-mb MB] [--shard-size-mb 512]
 
 Output: ``OUT/corpus_00000.bin/.idx``, ... (megatron-core ``IndexedDatasetBuilder``: one sequence per sentence, or per
 line without --split-sentences, ``end_document`` per document) and ``OUT/corpus.manifest.json`` (data_prep/manifest.py).
 
 How the work is cut, so that the output depends only on the inputs and the settings:
 - The unit of work is a *piece*: an uncompressed input is cut into ~--chunk-size-mb byte ranges at document
-  boundaries (sources.piece_bounds), a compressed input is one piece. Pieces are numbered in input order.
+  boundaries (sources.piece_bounds), a compressed input is one piece. Pieces are numbered in input order. Without
+  --chunk-size-mb the size follows from the total input size (prep_work.auto_chunk_bytes: ~64 pieces of 4-256 MB),
+  never from the worker count, so the same inputs give the same pieces on any machine.
 - Piece i becomes shards ``work/piece_{i}-{k}`` in the work folder ``PREFIX.work/``, a new shard starting whenever
   one would pass --shard-size-mb of tokens or --shard-sequences sequences (megatron's .idx finalize holds every
   sequence length of a shard in Python lists, ~70 bytes each, so shards, not the corpus, bound memory). When its
@@ -56,8 +58,8 @@ import numpy as np
 
 from data_prep import manifest as mf
 from data_prep import sources
-from data_prep.prep_work import (Piece, Settings, World, finalize, finished_pieces, plan_identity, plan_pieces,
-                                 prepare_workdir, record_name, up_to_date, write_json_atomic)
+from data_prep.prep_work import (Piece, Settings, World, auto_chunk_bytes, finalize, finished_pieces, plan_identity,
+                                 plan_pieces, prepare_workdir, record_name, up_to_date, write_json_atomic)
 from data_prep.sentences import split_sentences
 
 BATCH_TEXTS = 4096  # texts per encode_batch call: large enough that Rust does the work, small enough for memory
@@ -317,7 +319,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=1, help="processes on this machine (per MPI rank)")
     ap.add_argument("--json-key", default="text", help="the text field of .jsonl inputs")
     ap.add_argument("--split-sentences", action="store_true", help="one sequence per sentence (data_prep/sentences.py)")
-    ap.add_argument("--chunk-size-mb", type=float, default=256, help="input bytes per piece of work")
+    ap.add_argument("--chunk-size-mb", type=float, default=None, help="input MB per piece of work (default: the "
+                    "inputs' total / 64, between 4 and 256 MB, so small inputs still keep every worker busy)")
     ap.add_argument("--shard-size-mb", type=float, default=512, help="largest .bin of a shard")
     ap.add_argument("--shard-sequences", type=int, default=1_000_000, help="most sequences in a shard (bounds "
                     "the memory of megatron's builder and .idx finalize: ~100 bytes per sequence)")
@@ -333,7 +336,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.workers < 1:
         ap.error("--workers must be at least 1")
     for key in ("chunk_size_mb", "shard_size_mb", "max_line_mb", "max_document_mb"):
-        if getattr(args, key) <= 0:
+        if getattr(args, key) is not None and getattr(args, key) <= 0:
             ap.error(f"--{key.replace('_', '-')} must be positive")
     return args
 
@@ -365,7 +368,9 @@ def main(argv=None) -> int:
         return 2
     mb = 1 << 20
     settings = Settings(
-        json_key=args.json_key, split_sentences=args.split_sentences, chunk_bytes=int(args.chunk_size_mb * mb),
+        json_key=args.json_key, split_sentences=args.split_sentences,
+        chunk_bytes=(int(args.chunk_size_mb * mb) if args.chunk_size_mb is not None
+                     else auto_chunk_bytes(sum(sources.input_bytes(p) for p in inputs))),
         shard_bytes=int(args.shard_size_mb * mb), shard_sequences=args.shard_sequences,
         max_line_bytes=int(args.max_line_mb * mb), max_document_bytes=int(args.max_document_mb * mb),
         dtype="uint16" if tokenizer.vocab_size < 65500 else "int32",

@@ -214,11 +214,23 @@ def test_inspect_verifies_and_detects_corruption(en_slice, en_tokenizer, tmp_pat
 @pytest.mark.slow
 def test_builtin_pydocs_with_workers(en_tokenizer, tmp_path):
     prefix = tmp_path / "py"
-    assert build(["builtin:pydocs"], en_tokenizer, prefix, "--workers", "2", "--chunk-size-mb", "4") == 0
+    # no --chunk-size-mb: ~12 MB of input is cut into 4 MB pieces (the old fixed 256 MB made one piece: one busy
+    # worker of two), one or more shards each
+    assert build(["builtin:pydocs"], en_tokenizer, prefix, "--workers", "2") == 0
     m, docs = read_shards(prefix)
     assert m["totals"]["documents"] == len(docs) > 200  # (which documents: tests/test_sources.py)
     assert m["inputs"] == [{"path": "builtin:pydocs", "bytes": sources.input_bytes("builtin:pydocs")}]
-    assert len(m["shards"]) >= 2
+    assert m["settings"]["chunk_bytes"] == 4 << 20
+    assert len(m["shards"]) >= 3
+
+
+def test_default_piece_size_follows_the_input_size_only():
+    from data_prep.prep_work import auto_chunk_bytes
+    mb = 1 << 20
+    assert auto_chunk_bytes(1000) == 4 * mb            # floor: tiny inputs are one or few pieces
+    assert auto_chunk_bytes(97 * mb) == 4 * mb         # 25 pieces: >= 4 per worker up to 6 workers
+    assert auto_chunk_bytes(2048 * mb) == 32 * mb      # 64 pieces
+    assert auto_chunk_bytes(100 * 1024 * mb) == 256 * mb  # ceiling: the former fixed default
 
 
 def test_annotate_writes_a_side_car_per_shard(en_slice, en_tokenizer, tmp_path):
