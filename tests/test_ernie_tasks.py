@@ -73,21 +73,30 @@ def test_reorder_samples_reach_every_class_and_decode_back():
 def test_sentence_distance_hand_checked_and_sampled_labels_true():
     doc_bounds = np.array([0, 3, 5, 9])  # docs: [0,1,2] [3,4] [5,6,7,8]
     doc_of = np.repeat(np.arange(3), np.diff(doc_bounds))
+    # the paper's classes: 0 adjacent in one document (either order), 1 same document not adjacent, 2 other document
     assert tasks.sentence_distance_label(0, 1, doc_of) == tasks.ADJACENT
+    assert tasks.sentence_distance_label(1, 0, doc_of) == tasks.ADJACENT
     assert tasks.sentence_distance_label(0, 2, doc_of) == tasks.SAME_DOCUMENT
-    assert tasks.sentence_distance_label(1, 0, doc_of) == tasks.SAME_DOCUMENT
+    assert tasks.sentence_distance_label(8, 5, doc_of) == tasks.SAME_DOCUMENT
     assert tasks.sentence_distance_label(2, 3, doc_of) == tasks.OTHER_DOCUMENT
     rng = np.random.default_rng(1)
-    by_label = Counter()
-    for _ in range(3000):
+    by_label, partners = Counter(), Counter()
+    n = 6000
+    for _ in range(n):
         i = int(rng.integers(0, 9))
         a, b, label = tasks.sentence_distance_pair(i, doc_bounds, rng)
         assert a == i and b != i and label == tasks.sentence_distance_label(a, b, doc_of)
         by_label[label] += 1
-    # each class drawn with p = 1/3 except where impossible (no next sentence for 2, 4, 8: 6/9 x 1/3 x 3000 = 667
-    # adjacent pairs expected, sd ~ 22); every class stays well represented
-    for label in range(3):
-        assert by_label[label] > 550
+        partners[(a, b)] += 1
+    # Expected class shares, by hand: every sentence has a neighbour; class 1 is impossible for 1 (doc [0,1,2]),
+    # 3 and 4 (doc [3,4]): drawn 1 -> 2 for them. Sentences 0, 2, 5..8 (6/9): 1/3 each; 1, 3, 4 (3/9): 1/3 class 0,
+    # 2/3 class 2. So p0 = 1/3, p1 = 6/9 x 1/3 = 2/9, p2 = 4/9; each count within 5 sd of n x p.
+    for label, p in [(0, 1 / 3), (1, 2 / 9), (2, 4 / 9)]:
+        assert abs(by_label[label] - n * p) < 5 * math.sqrt(n * p * (1 - p)), (label, by_label[label], n * p)
+    # both orders of an adjacent pair are drawn: the middle sentence 6 pairs with 5 and 7 about equally often
+    assert partners[(6, 5)] > 0.35 * (partners[(6, 5)] + partners[(6, 7)])
+    assert partners[(6, 7)] > 0.35 * (partners[(6, 5)] + partners[(6, 7)])
+    assert partners[(2, 1)] > 0 and partners[(0, 1)] > 0  # first and last sentences: their one neighbour
     with pytest.raises(ValueError, match="single one-sentence document"):
         tasks.sentence_distance_pair(0, np.array([0, 1]), rng)
 

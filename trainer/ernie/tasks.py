@@ -1,7 +1,7 @@
 """ERNIE 2.0 pretraining tasks as pure labelers: token ids / sentence indices in, model inputs and labels out.
 
 Word-aware: capitalization prediction (per token), token-document relation (per token). Structure-aware: sentence
-reordering (k = sum_{n=1..m} n! classes), sentence distance (3 classes). Semantic-aware: discourse relation and IR
+reordering (k = sum_{n=1..m} n! classes), sentence distance (3 classes: adjacent, same document, other document). Semantic-aware: discourse relation and IR
 relevance from user-supplied labelled jsonl (``PairTaskFile``). Each function is deterministic given its ``rng``, so a
 sample stays a pure function of (seed, epoch, index); labels use -100 where a position has no label (the value torch's
 cross-entropy ignores). Task ids for ERNIE 2.0's task embeddings are the order of ``TASKS``.
@@ -123,32 +123,39 @@ def reorder_sample(sentences: Sequence[np.ndarray], max_pieces: int, rng: np.ran
 # --- sentence distance -----------------------------------------------------------------------------------------------
 
 ADJACENT, SAME_DOCUMENT, OTHER_DOCUMENT = 0, 1, 2
+# ERNIE 2.0 (Sun et al. 2020, "Sentence Distance Task") defines three classes: 0 the two sentences are adjacent in
+# the same document, 1 they are in the same document but not adjacent, 2 they come from two different documents.
+# Adjacent has no direction, so B right before A is class 0 as B right after A is, and the sampler draws both orders.
 
 
 def sentence_distance_label(i: int, j: int, doc_of: np.ndarray) -> int:
-    """0: B is the sentence right after A; 1: same document, not right after; 2: different documents."""
+    """0: A and B are adjacent sentences (either order); 1: same document, not adjacent; 2: different documents."""
     if doc_of[i] != doc_of[j]:
         return OTHER_DOCUMENT
-    return ADJACENT if j == i + 1 else SAME_DOCUMENT
+    return ADJACENT if abs(j - i) == 1 else SAME_DOCUMENT
 
 
 def sentence_distance_pair(i: int, doc_bounds: np.ndarray, rng: np.random.Generator) -> tuple[int, int, int]:
     """Pick a partner for sentence ``i`` with a uniformly drawn class; returns (i, j, label).
 
     ``doc_bounds`` [D + 1]: sentence index where each document starts, then the total (the corpus index's layout).
-    When the drawn class is impossible for ``i`` (no next sentence; a two-sentence document; one document), the next
+    Adjacent partners are i - 1 or i + 1 with probability 1/2 each when both exist. When the drawn class is
+    impossible for ``i`` (a one-sentence document; a document of <= 3 sentences around i; one document), the next
     possible class is used, and the label is always the true relation (``sentence_distance_label``)."""
     doc_bounds = np.asarray(doc_bounds)
     d = int(np.searchsorted(doc_bounds, i, side="right")) - 1
     start, stop, total = int(doc_bounds[d]), int(doc_bounds[d + 1]), int(doc_bounds[-1])
+    lo, hi = max(start, i - 1), min(stop - 1, i + 1)  # i and its neighbours: the sentences class 1 must avoid
+    neighbours = [k for k in (i - 1, i + 1) if lo <= k <= hi and k != i]
+    others = (stop - start) - (hi - lo + 1)
     want = int(rng.integers(0, 3))
     for label in [want, (want + 1) % 3, (want + 2) % 3]:
-        if label == ADJACENT and i + 1 < stop:
-            j = i + 1
-        elif label == SAME_DOCUMENT and stop - start - 1 - (i + 1 < stop) > 0:
-            # any sentence of the document except i and i + 1: draw k among the others and skip over those two
-            k = start + int(rng.integers(0, stop - start - 1 - (i + 1 < stop)))
-            j = k if k < i else k + 1 + (i + 1 < stop)
+        if label == ADJACENT and neighbours:
+            j = neighbours[int(rng.integers(0, len(neighbours)))]
+        elif label == SAME_DOCUMENT and others > 0:
+            # any sentence of the document outside [lo, hi]: draw k among the others and skip over that block
+            k = start + int(rng.integers(0, others))
+            j = k if k < lo else k + (hi - lo + 1)
         elif label == OTHER_DOCUMENT and stop - start < total:
             k = int(rng.integers(0, total - (stop - start)))
             j = k if k < start else k + (stop - start)
