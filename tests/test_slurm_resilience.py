@@ -22,12 +22,11 @@ import pytest
 
 from slurm_cluster import MARKER, slurm_cluster  # noqa: F401  (fixture)
 from test_slurm_training import (  # noqa: F401  (corpus: fixture)
-    JOB_TIMEOUT, REPO, assert_completed, corpus, latest_step, losses, records, resumed_at, sets, submit,
+    JOB_TIMEOUT, assert_completed, corpus, latest_step, losses, records, resumed_at, sets, submit,
 )
 
 pytestmark = [
     pytest.mark.slurm, pytest.mark.slow, pytest.mark.multiproc,
-    pytest.mark.skipif(not (REPO / "trainer" / "pretrain.py").exists(), reason="trainer/pretrain.py not there yet"),
 ]
 GLOBAL_BATCH, MICRO_BATCH = 16, 4  # trainer/recipes/tiny_roberta.yaml
 
@@ -46,7 +45,7 @@ def test_a_run_that_loses_a_node_resumes_on_one_node_and_back_on_two(slurm_clust
     (trainer/checkpoint.py restore_rng), so with dropout the masks, and hence the losses, legitimately differ."""
     steps = 12
     common = dict(train__steps=steps, checkpoint__every_steps=0, logging__every_steps=1,
-                  data__format="full-sentences", model__dropout=0.0, model__attention_dropout=0.0)
+                  model__dropout=0.0, model__attention_dropout=0.0)
     env = {"CONFIG": "tiny_roberta", "DATA_PREFIX": str(corpus)}
 
     straight = tmp_path / "straight"
@@ -103,7 +102,7 @@ def test_a_node_that_never_joins_fails_the_job_after_the_rendezvous_timeout(slur
     run = tmp_path / "rdzv"
     job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "rdzv.out", CONFIG="tiny_roberta",
                  DATA_PREFIX=str(corpus), RUN_DIR=str(run), RDZV_TIMEOUT=str(timeout),
-                 EXTRA_SETS=sets(train__steps=4, data__format="full-sentences"))
+                 EXTRA_SETS=sets(train__steps=4))
     frozen = _freeze_node_task(slurm_cluster, job, node_id="1")
     try:
         frozen_at = time.monotonic()

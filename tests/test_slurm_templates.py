@@ -27,10 +27,8 @@ from test_slurm_training import (  # noqa: F401  (corpus: fixture)
     assert_completed, corpus, latest_step, records, resumed_at, sets, submit, wait_for_steps,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = [
     pytest.mark.slurm, pytest.mark.slow, pytest.mark.multiproc,
-    pytest.mark.skipif(not (REPO / "trainer" / "pretrain.py").exists(), reason="trainer/pretrain.py not there yet"),
 ]
 
 

@@ -27,7 +27,6 @@ from slurm_cluster import MARKER, slurm_cluster  # noqa: F401  (fixture)
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [
     pytest.mark.slurm, pytest.mark.slow, pytest.mark.multiproc,
-    pytest.mark.skipif(not (REPO / "trainer" / "pretrain.py").exists(), reason="trainer/pretrain.py not there yet"),
 ]
 JOB_TIMEOUT = 300
 VOCAB = 1024  # the tiny presets' vocabulary; the test tokenizer is trained to exactly this size
@@ -118,12 +117,10 @@ def resumed_at(text: str) -> list[int]:
 def test_roberta_large_template_trains_and_a_preempted_run_resumes_to_the_same_losses(slurm_cluster, corpus,
                                                                                       tmp_path):
     steps = 30  # the requeue comes after step 2; the signal lands a few steps later (up to ~10 under load)
-    # full-sentences rather than the recipe's doc-sentences: packed doc-sentences batches are refused by the
-    # objectives until the encoder restricts attention to one packed sample (trainer/data/config.py).
+    # The recipe's own data format (full-sentences, as roberta_base).
     # Dropout on (the recipe's 0.1): the resumed run continues the uninterrupted run's RNG streams.
     env = {"CONFIG": "tiny_roberta", "DATA_PREFIX": str(corpus),
-           "EXTRA_SETS": sets(train__steps=steps, checkpoint__every_steps=0, logging__every_steps=1,
-                              data__format="full-sentences")}
+           "EXTRA_SETS": sets(train__steps=steps, checkpoint__every_steps=0, logging__every_steps=1)}
 
     straight = tmp_path / "straight"
     job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "straight.out", RUN_DIR=str(straight), **env)
