@@ -203,21 +203,41 @@ def test_no_weight_decay_on_biases_and_layernorm_and_shared_params_once():
     assert sum(p.numel() for p in no_decay["params"]) == 4 + 4 + 4  # dense.bias, LayerNorm weight and bias
 
 
+def _reference_adamw(params, grads, state, t, lr, betas, eps, wd):
+    """AdamW written out (Loshchilov & Hutter, algorithm 2, with Adam's bias correction): decoupled decay
+    p <- p - lr*wd*p, then p <- p - lr * m_hat / (sqrt(v_hat) + eps). ``wd`` per parameter."""
+    b1, b2 = betas
+    out = []
+    for k, (p, g) in enumerate(zip(params, grads)):
+        m, v = state.setdefault(k, (torch.zeros_like(p), torch.zeros_like(p)))
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        state[k] = (m, v)
+        m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+        out.append(p * (1 - lr * wd[k]) - lr * m_hat / (v_hat.sqrt() + eps))
+    return out
+
+
 def test_adamw_matches_torch_reference_and_skips_nonfinite():
     torch.manual_seed(0)
-    model, ref = _Block(), _Block()
-    ref.load_state_dict(model.state_dict())
-    opt = build_optimizer(OptimConfig(lr=1e-2, weight_decay=0.1), model)
-    ref_opt = torch.optim.AdamW(param_groups(ref, 0.1), lr=1e-2, eps=1e-6)
+    model = _Block()
+    opt = build_optimizer(OptimConfig(lr=1e-2, weight_decay=0.1, betas=(0.8, 0.95)), model)
     assert isinstance(opt, GuardedAdamW)
+    params = list(model.parameters())  # the tied weight once
+    # decay on the matrices (embedding/tied and dense weight), none on the dense bias and LayerNorm
+    wd = [0.1 if p.dim() == 2 else 0.0 for p in params]
+    assert wd.count(0.1) == 2 and len(params) == 5
+    ref = [p.detach().clone() for p in params]
+    state: dict = {}
     x = torch.randn(3, 4)
-    for m, o in ((model, opt), (ref, ref_opt)):
-        for _ in range(3):
-            o.zero_grad()
-            m.tied(m.LayerNorm(m.dense(x))).sum().backward()
-            o.step()
-    for a, b in zip(model.parameters(), ref.parameters()):
-        assert torch.equal(a, b)
+    for t in range(1, 4):
+        opt.zero_grad()
+        model.tied(model.LayerNorm(model.dense(model.emb(torch.tensor([1, 2, 3])) + x))).pow(2).sum().backward()
+        grads = [p.grad.detach().clone() for p in params]
+        opt.step()
+        ref = _reference_adamw(ref, grads, state, t, 1e-2, (0.8, 0.95), 1e-6, wd)
+        for k, (a, b) in enumerate(zip(params, ref)):
+            torch.testing.assert_close(a.detach(), b, rtol=1e-6, atol=1e-7, msg=f"param {k} step {t}")
     before = [p.detach().clone() for p in model.parameters()]
     model.dense.weight.grad[0, 0] = math.nan
     opt.step()
