@@ -13,7 +13,7 @@ from trainer.models.presets import preset_parameters
 # The Hugging Face side, written from the published config.json files (not from our configs), so a wrong preset
 # row fails here. Each: (class, config class, config kwargs).
 BERT_LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
-ROBERTA = dict(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1)
+ROBERTA = dict(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5)
 ALBERT = dict(vocab_size=30000, embedding_size=128)
 HF_EQUIVALENT = {
     "bert-base": (T.BertForPreTraining, T.BertConfig, {}),
@@ -44,7 +44,8 @@ HF_EQUIVALENT = {
                                 dict(embedding_size=1024, hidden_size=256, num_hidden_layers=24,
                                      num_attention_heads=4, intermediate_size=1024)),
     "ernie-base": (T.ErnieForPreTraining, T.ErnieConfig,
-                   dict(vocab_size=18000, max_position_embeddings=513, hidden_act="relu")),
+                   # layer_norm_eps: Paddle's LayerNorm default, which ERNIE 1.0 was trained with (config.json omits it)
+                   dict(vocab_size=18000, max_position_embeddings=513, hidden_act="relu", layer_norm_eps=1e-5)),
     "ernie2-base": (T.ErnieForPreTraining, T.ErnieConfig, dict(type_vocab_size=4, use_task_id=True,
                                                                task_type_vocab_size=3)),
     "tiny": (T.BertForPreTraining, T.BertConfig,
@@ -67,6 +68,26 @@ def hf_count(name: str) -> int:
 @pytest.mark.parametrize("name", sorted(HF_EQUIVALENT))
 def test_preset_count_equals_hugging_face(name):
     assert preset_parameters(name) == hf_count(name)
+
+
+# Every field of a transformers config that shapes the model or its numerics.
+HF_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+             "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+             "type_vocab_size", "initializer_range", "layer_norm_eps", "pad_token_id", "embedding_size",
+             "num_hidden_groups", "inner_group_num", "use_task_id", "task_type_vocab_size")
+
+
+@pytest.mark.parametrize("name", sorted(HF_EQUIVALENT))
+def test_preset_config_equals_the_published_hugging_face_config(name):
+    """The config our export writes for the preset (hf_config) against the published one, field by field: equal
+    counts do not catch a swapped activation, layer-norm epsilon, dropout or position table."""
+    from trainer.models.hf_convert import hf_config
+    cls, config_cls, kwargs = HF_EQUIVALENT[name]
+    ours = hf_config(PRESETS[name], cls.__name__)
+    assert type(ours) is config_cls
+    ours, ref = ours.to_dict(), config_cls(**kwargs).to_dict()
+    diff = {f: (ours.get(f), ref.get(f)) for f in HF_FIELDS if ours.get(f) != ref.get(f)}
+    assert not diff, f"{name}: (ours, published) {diff}"
 
 
 @pytest.mark.parametrize("name", sorted(PAPER_MILLIONS))
