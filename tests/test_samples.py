@@ -210,22 +210,37 @@ def _locate_in(haystack, needle):
     return int(hits[0]) if len(hits) else None
 
 
+def _find(hay: np.ndarray, seg: np.ndarray) -> list[int]:
+    """Start offsets where ``seg`` occurs in ``hay`` (brute force: the reference)."""
+    n = len(seg)
+    return [o for o in range(len(hay) - n + 1) if np.array_equal(hay[o:o + n], seg)]
+
+
 def test_sop_negatives_are_the_positive_swapped(en_prepared):
-    corpus, index, build = _builder(en_prepared, "sop-pair", T=512, short=0.0)
-    n_neg = 0
-    for i in range(0, min(len(index), 400)):
-        rng_seed = 1000 + i
-        s = build(i, np.random.default_rng(rng_seed))
+    corpus, index, build = _builder(en_prepared, "sop-pair", T=128, short=0.0)
+    n = min(len(index), 400)
+    n_neg = n_trimmed = 0
+    for i in range(n):
+        s = build(i, np.random.default_rng(1000 + i))
         start, end, _ = index.chunks[i]
         chunk = corpus.read(start, end)
         a, b = _segments(s["tokens"])
         assert (s["token_types"][:len(a) + 2] == 0).all() and (s["token_types"][len(a) + 2:] == 1).all()
-        if len(chunk) > build.budget:
-            continue  # trimmed pairs are checked for order only by their labels below
-        joined = np.concatenate([b, a]) if s["sentence_label"] else np.concatenate([a, b])
-        assert joined.tolist() == chunk.tolist(), f"sample {i}: segments are not the chunk's two halves"
+        first, second = (b, a) if s["sentence_label"] else (a, b)  # the chunk's order
+        if len(chunk) <= build.budget:
+            joined = np.concatenate([first, second])
+            assert joined.tolist() == chunk.tolist(), f"sample {i}: segments are not the chunk's two halves"
+        else:
+            # trimmed: the pair fills the budget; each side is one contiguous piece of the chunk, the first one
+            # wholly before the second (trimming cuts only the ends of each side)
+            n_trimmed += 1
+            assert len(a) + len(b) == build.budget and len(a) > 0 and len(b) > 0
+            assert any(pb >= pa + len(first) for pa in _find(chunk, first) for pb in _find(chunk, second)), \
+                f"sample {i}: trimmed segments are not the chunk's first and second parts in this order"
         n_neg += s["sentence_label"]
-    assert n_neg > 0
+    assert n_trimmed > 0  # the trimmed branch was exercised (7 of these 400 pairs)
+    # negatives are drawn with probability 0.5: within 5 binomial standard deviations of n / 2
+    assert abs(n_neg - n / 2) < 5 * (n * 0.25) ** 0.5, (n_neg, n)
 
 
 def test_packed_rows_hold_more_samples_than_int8_counts(tmp_path):
@@ -283,10 +298,15 @@ def test_full_sentences_put_a_separator_at_document_ends(tmp_path):
 
 
 def test_pairs_fit_and_short_seq_prob_makes_short_samples(en_prepared):
-    corpus, index, build = _builder(en_prepared, "segment-pair", T=64, short=0.5)
-    short = (index.chunks[:, 2] < 61).mean()
-    # half of the *targets* are short, but a chunk starting at a document start is counted once either way
-    assert 0.3 < short < 0.7
+    p = 0.1
+    corpus, index, build = _builder(en_prepared, "segment-pair", T=64, short=p)
+    budget = 61  # T - 3
+    n = len(index)
+    # each chunk's own target is drawn short with probability p, uniform on [2, budget] (so = budget with 1/60);
+    # where a chunk starts depends only on the targets before it, so the short chunks are Binomial(n, p x 59/60)
+    q = p * (budget - 2) / (budget - 1)
+    short = int((index.chunks[:, 2] < budget).sum())
+    assert abs(short - n * q) < 5 * (n * q * (1 - q)) ** 0.5, (short, n, n * q)
     for i in range(0, len(index), 50):
         assert len(build(i, np.random.default_rng(i))["tokens"]) <= 64
 

@@ -90,9 +90,23 @@ def test_stop_leaves_no_process_behind(tmp_path):
         while time.monotonic() < deadline and len(_marked(cluster.root)) < 5:  # daemons + stepd + sleeps
             time.sleep(0.3)
         daemons = [p.pid for p in cluster.procs.values()]
+        before = _marked(cluster.root)
+        names = {pid: _name(pid) for pid in before}
+        # what the stop has to end really ran: the daemons, a step daemon and the job's sleep on each of 2 nodes
+        assert set(daemons) <= set(before), (daemons, names)
+        assert sum(n == "sleep" for n in names.values()) >= 2, names
+        assert any(n == "slurmstepd" for n in names.values()), names
     assert _marked(cluster.root) == [], "processes of the stopped cluster still running"
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in daemons)
+    alive = [pid for pid in before + daemons
+             if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, {pid: _name(pid) for pid in alive}
+
+
+def _name(pid: int) -> str:
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return "?"
 
 
 def _marked(root: Path) -> list[int]:

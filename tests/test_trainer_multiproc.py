@@ -271,7 +271,7 @@ def test_nan_guard_skips_then_stops_with_a_clear_message(tmp):
     """One process, no launcher. Losses turn NaN from step 4: steps are skipped (weights untouched), and after 3 in
     a row the run stops with exit status 3 and a message naming the step."""
     cfg = make_config(tmp, "nan", objective={"options": {"nan_after_step": 3}},
-                      train={"steps": 20, "max_nonfinite_in_a_row": 3}, checkpoint={"every_steps": 3},
+                      train={"steps": 20, "max_nonfinite_in_a_row": 3}, checkpoint={"every_steps": 1, "keep_last": 10},
                       deepspeed={"config": str(REPO / "ds_configs" / "zero0.json")})
     proc = run(cfg, 1, expect=3)
     out = proc.stdout + proc.stderr
@@ -284,3 +284,10 @@ def test_nan_guard_skips_then_stops_with_a_clear_message(tmp):
     from trainer.checkpoint import load_model_state
     state, _ = load_model_state(tmp / "nan" / "checkpoints" / "global_step3")
     assert all(torch.isfinite(v).all() for v in state.values())
+    # weights untouched by the skipped steps: the checkpoints after skipped steps 4 and 5 hold step 3's weights
+    # exactly (step 6 stops before saving), while the trained steps before did move them
+    step2, _ = load_model_state(tmp / "nan" / "checkpoints" / "global_step2")
+    assert any(not torch.equal(step2[k], state[k]) for k in state)
+    for skipped in (4, 5):
+        after, _ = load_model_state(tmp / "nan" / "checkpoints" / f"global_step{skipped}")
+        assert after.keys() == state.keys() and all(torch.equal(after[k], state[k]) for k in state), skipped
