@@ -154,14 +154,24 @@ def test_universal_conversion_waits_on_the_filesystem_not_in_a_collective(tmp_pa
     with pytest.raises(RuntimeError, match="rank 0 failed to convert.*OSError: disk full"):
         checkpoint.prepare_universal(tag, rank=1, wait_s=30, poll_s=0.05)
 
+    calls = []
+
     def works(src, dst):
+        calls.append((Path(src), Path(dst)))
+        assert not out.exists()  # the final name appears only once the conversion is complete
         Path(dst).mkdir()
         (Path(dst) / "zero").mkdir()
+        (Path(dst) / "zero" / "w.pt").write_text(f"converted from {src}")
 
     monkeypatch.setattr(trainer.engine, "convert_to_universal", works)
     assert checkpoint.prepare_universal(tag, rank=0) == out  # and the stale failure note is cleared first
-    assert (out / ".complete").exists() and (out / "zero").is_dir()
+    # converted once, from the tag, into a temporary folder that was then moved to the final name with the
+    # converter's content
+    assert len(calls) == 1 and calls[0][0] == tag and calls[0][1] != out and not calls[0][1].exists()
+    assert (out / "zero" / "w.pt").read_text() == f"converted from {tag}"
+    assert (out / ".complete").exists()
     assert not (tag / f".{checkpoint.UNIVERSAL}.failed").exists()
+    assert checkpoint.prepare_universal(tag, rank=0) == out and len(calls) == 1  # a later launch reuses it
     assert checkpoint.prepare_universal(tag, rank=1, wait_s=1, poll_s=0.05) == out
 
 
