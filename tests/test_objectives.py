@@ -210,18 +210,64 @@ def _gen_loss(model, batch):
     return mlm_loss(logits, labels)[0]
 
 
-@pytest.mark.parametrize("variant", ["electra-15", "replace-mlm", "all-tokens-mlm"])
-def test_electra_ablations_run_and_backpropagate(variant, split_corpus, en_tokenizer):
+@pytest.mark.parametrize("variant", ["electra", "electra-15", "replace-mlm", "all-tokens-mlm"])
+def test_electra_ablations_put_their_loss_where_the_paper_does(variant, split_corpus, en_tokenizer):
+    """Which positions of the main model carry a loss, and with which labels (Clark et al. 2020, table 5), read
+    from the gradient at the main model's outputs: a position with no loss gets an exactly zero gradient; for a
+    softmax cross-entropy the label is the one logit whose gradient is negative."""
+    from trainer.objectives.base import masked_positions
+
     torch.manual_seed(0)
     batch = _batches(split_corpus[1], en_tokenizer, "full-sentences", 32, 4, 1)[0]
     objective = ElectraObjective({"variant": variant})
     model = objective.build_model(_model_cfg("tiny-electra", en_tokenizer))
+    seen = {}
+    forward = model.forward
+
+    def spy(*args, part=None, **kw):
+        out = forward(*args, part=part, **kw)
+        if part in ("discriminator", "discriminator_heads"):
+            seen.update(input=args[0].clone(), positions=kw.get("positions"), out=out)
+            for t in (out.values() if isinstance(out, dict) else [out]):
+                t.retain_grad()
+        return out
+
+    model.forward = spy
     loss, metrics = objective.loss(model, batch)
     loss.backward()
     assert torch.isfinite(loss)
     assert model.discriminator.encoder.embeddings.word.weight.grad is not None
-    key = "rtd_acc" if variant == "electra-15" else "mlm_acc"
-    assert key in metrics
+    positions, labels = masked_positions(batch)
+    real = batch["attention_mask"].reshape(-1).bool()
+    original = batch["input_ids"].reshape(-1).clone()
+    original[positions] = labels
+    main_in = seen["input"].reshape(-1)
+    # the main model reads the generator's corruption: the original outside the masked positions, no [MASK]
+    keep = torch.ones_like(real)
+    keep[positions] = False
+    assert torch.equal(main_in[keep], original[keep]) and not (main_in == en_tokenizer.mask_id).any()
+    if variant in ("electra", "electra-15"):
+        grad = seen["out"].grad.reshape(-1)
+        carries = grad != 0
+        if variant == "electra":  # RTD on every real token
+            assert torch.equal(carries, real)
+        else:  # electra-15: RTD only at the masked ~15 %
+            want = torch.zeros_like(real)
+            want[positions] = True
+            assert torch.equal(carries, want)
+        assert "rtd_acc" in metrics
+        return
+    from trainer.objectives.electra import MLM
+    grad = seen["out"][MLM].grad
+    predicted = seen["positions"]
+    if variant == "replace-mlm":  # MLM at the masked positions only, labels the original tokens
+        assert torch.equal(predicted, positions)
+    else:  # all-tokens-mlm: every real token, labels the original tokens (copy mechanism for the unchanged ones)
+        assert torch.equal(predicted, real.nonzero().squeeze(1))
+    rows = (grad < 0).sum(-1)
+    assert (rows == 1).all()
+    assert torch.equal(grad.argmin(-1), original[predicted])
+    assert "mlm_acc" in metrics
 
 
 def _train(objective, model, train, valid, steps, lr):
