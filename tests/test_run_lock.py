@@ -25,7 +25,9 @@ def _foreign_lock(run_dir: Path, heartbeat_age: float, host: str = "node-elsewhe
     info = {"host": host, "pid": pid, "slurm_job_id": job, "token": "theirs", "started": time.time() - 3600,
             "heartbeat": time.time() - heartbeat_age}
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / LOCK_NAME).write_text(json.dumps(info))
+    tmp = run_dir / f"{LOCK_NAME}.writing"
+    tmp.write_text(json.dumps(info))
+    os.replace(tmp, run_dir / LOCK_NAME)  # atomically, as a live holder's heartbeat does
     return info
 
 
@@ -106,6 +108,14 @@ def test_requeued_slurm_job_waits_for_its_old_launch_then_gives_up(tmp_path, mon
     finally:
         stop.set()
         beater.join()
+
+
+def test_an_unreadable_lock_is_waited_on_until_stale(tmp_path, capsys):
+    (tmp_path / LOCK_NAME).write_text("")  # as if caught half-written
+    t0 = time.monotonic()
+    RunLock(tmp_path, stale_s=1.0, interval_s=0.1).acquire().release()
+    assert time.monotonic() - t0 >= 0.9
+    assert "unreadable lock file" in capsys.readouterr().err
 
 
 def test_a_holder_that_lost_its_lock_leaves_the_new_one_alone(tmp_path, capsys):

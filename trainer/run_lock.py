@@ -138,6 +138,9 @@ class RunLock:
                       f"{describe(info) if info else 'an unknown launch'}", file=sys.stderr, flush=True)
                 self._take_over(info)
                 continue
+            if not info:  # unreadable but fresh (being written by a tool that does not replace atomically?):
+                time.sleep(self.interval_s)  # look again; it is taken over once it is older than stale_s
+                continue
             same_job = info.get("slurm_job_id") and info.get("slurm_job_id") == self.info["slurm_job_id"]
             if same_job:
                 if deadline is None:
