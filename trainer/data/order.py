@@ -27,6 +27,9 @@ from pathlib import Path
 import numpy as np
 
 
+ORDER_VERSION = 1  # of the permutation _build computes; part of the cache key
+
+
 class EpochOrder:
     """Maps a corpus's own stream position to ``(epoch, sample_id)`` through cached per-epoch permutations."""
 
@@ -64,7 +67,10 @@ class EpochOrder:
         if self.cache_dir is None:
             return self._build(epoch)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256(json.dumps([self.key, self.num_samples, self.seed]).encode()).hexdigest()[:16]
+        # the key names what the file holds: the caller's key (the sample index's hash), the size, the seed and the
+        # version of _build's algorithm (bump ORDER_VERSION when it changes, or old files would be read as new)
+        digest = hashlib.sha256(json.dumps([ORDER_VERSION, self.key, self.num_samples, self.seed]).encode()
+                                ).hexdigest()[:16]
         path = self.cache_dir / f"{digest}-perm-epoch{epoch}.npy"
         if not path.exists():
             with open(self.cache_dir / f"{digest}.lock", "w") as lock:
