@@ -67,8 +67,9 @@ def command(config: Path, nproc: int, *extra: str, launcher: str = "torchrun") -
         return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(nproc), "-x",
                 f"MASTER_PORT={_free_port()}", "-x", "PATH", sys.executable, str(STANDIN), "--config", str(config),
                 *extra]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-            str(_free_port()), str(STANDIN), "--config", str(config), *extra]
+    # --standalone: torchrun binds a free port itself and keeps it (no probe-then-pass race with other jobs)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+            str(STANDIN), "--config", str(config), *extra]
 
 
 def run(config: Path, nproc: int = 2, *extra: str, expect: int | None = 0) -> subprocess.CompletedProcess:
