@@ -140,7 +140,7 @@ def annotate_shard(shard_prefix: str, spec: str, tokenizer_dir: str) -> dict:
         writer.stats["misaligned"] += dropped
         writer.stats["entity"] += int((spans[:, 2] == ENTITY).sum())
         writer.stats["phrase"] += int((spans[:, 2] == PHRASE).sum())
-        writer.add_document_spans([spans])
+        writer.add_document_spans([spans], [len(ds[k])])
     return writer.finalize()
 
 

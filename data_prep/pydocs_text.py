@@ -19,34 +19,23 @@ Cost: ~5 s of CPU to parse ~650 modules with ``ast`` once per key; reading the c
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import sys
 import tempfile
 from pathlib import Path
 
 from data_prep import input_files, sentences, sources
+from data_prep.cache_dir import cache_dir, key
 
 _CODE = ("pydocs_text.py", "sources.py", "input_files.py", "sentences.py")
 
 
-def default_cache_dir() -> Path:
-    """``$BERTFAMILY_CACHE``, else ``$XDG_CACHE_HOME/bertfamily``, else ``~/.cache/bertfamily``."""
-    if os.environ.get("BERTFAMILY_CACHE"):
-        return Path(os.environ["BERTFAMILY_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bertfamily"
-
-
 def content_key() -> str:
     """A hash of everything the text depends on (module docstring)."""
-    h = hashlib.sha256()
-    h.update(f"{sys.version}\n{sys.implementation.cache_tag}\n{sys.platform}\n".encode())
-    for rel, _, size in input_files._pydocs_files():
-        h.update(f"{rel}\t{size}\n".encode())
     here = Path(__file__).resolve().parent
-    for name in _CODE:
-        h.update(name.encode() + b"\0" + (here / name).read_bytes())
-    return h.hexdigest()[:20]
+    stdlib = "".join(f"{rel}\t{size}\n" for rel, _, size in input_files._pydocs_files())
+    return key(sys.version, sys.implementation.cache_tag, sys.platform, stdlib,
+               *(name.encode() + b"\0" + (here / name).read_bytes() for name in _CODE))
 
 
 def write_text(out: Path) -> tuple[int, int]:
@@ -63,9 +52,9 @@ def write_text(out: Path) -> tuple[int, int]:
     return docs, lines
 
 
-def cached_text(cache_dir: Path | None = None) -> Path:
+def cached_text(folder: Path | None = None) -> Path:
     """The corpus file for this Python and this code, written on first use (atomically) and reused after."""
-    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    folder = Path(folder) if folder is not None else cache_dir()
     path = folder / f"pydocs_en-{content_key()}.txt"
     if path.exists():
         return path

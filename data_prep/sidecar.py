@@ -13,7 +13,12 @@ phrase or a named entity. They are computed once at data-prep time and stored be
                             ``SidecarReader``).
 ``PREFIX_00000.spans.json`` ``{"format": "bertfamily-spans", "version": 1, "annotator": SPEC, "sequences": N,
                             "spans": M, "kinds": ["entity", "phrase"], "row_pointers": "NAME.spans.ptr.npy",
-                            "stats": {...}}``; written last, so its presence marks a complete side-car.
+                            "lengths_sha256": H, "stats": {...}}``; written last, so its presence marks a complete
+                            side-car. ``lengths_sha256`` is the sha256
+                            of the token count of every sequence (int64, little-endian, in order) the spans were made
+                            for: the reader compares it with the shard's ``.idx``, so a side-car left beside a shard
+                            rebuilt with another tokenizer (same sentence count, other tokens) is refused instead of
+                            masking the wrong tokens. Optional: side-cars written before it existed load unchecked.
 
 Spans never cross a sequence boundary (a sample is built from whole sequences, so such a span could not be masked
 whole anyway). Spans of one kind do not overlap; an entity and a phrase may. The hook for ``build_indexed.py``
@@ -29,8 +34,10 @@ handed its annotator, and ``data_prep/annotators.py`` imports the span kinds fro
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import struct
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -74,6 +81,8 @@ class SidecarWriter:
         self._doc = annotator
         self._chunks: list[np.ndarray] = []
         self._sequences = 0
+        self._lengths = hashlib.sha256()  # of every sequence's token count, while all callers give them
+        self._lengths_known = True
         self.stats: Counter = Counter()
 
     def add_document(self, sentences: Sequence[str], ids_per_sentence: Sequence[Sequence[int]] | None = None):
@@ -85,10 +94,16 @@ class SidecarWriter:
             keep = [i for i, ids in enumerate(ids_per_sentence) if len(ids)]
             sentences = [sentences[i] for i in keep]
             ids_per_sentence = [ids_per_sentence[i] for i in keep]
-        self.add_document_spans(self._doc(sentences, ids_per_sentence))
+        lengths = None if ids_per_sentence is None else [len(ids) for ids in ids_per_sentence]
+        self.add_document_spans(self._doc(sentences, ids_per_sentence), lengths)
 
-    def add_document_spans(self, spans_per_sentence: Sequence[np.ndarray]):
-        """One ``[k, 3]`` array (token_start, token_end, kind) per sequence, in the order they enter the shard."""
+    def add_document_spans(self, spans_per_sentence: Sequence[np.ndarray], lengths: Sequence[int] | None = None):
+        """One ``[k, 3]`` array (token_start, token_end, kind) per sequence, in the order they enter the shard;
+        ``lengths``: each sequence's token count (recorded as ``lengths_sha256``; without it, none is recorded)."""
+        if lengths is None or len(lengths) != len(spans_per_sentence):
+            self._lengths_known = False
+        else:
+            self._lengths.update(np.asarray(lengths, dtype="<i8").tobytes())
         for spans in spans_per_sentence:
             spans = _dedupe_kind_overlaps(np.asarray(spans, dtype=np.int32).reshape(-1, 3))
             if len(spans):
@@ -108,6 +123,8 @@ class SidecarWriter:
         header = {"format": FORMAT, "version": VERSION, "annotator": self.spec, "sequences": self._sequences,
                   "spans": int(len(arr)), "kinds": list(KINDS), "row_pointers": os.path.basename(ptr),
                   "stats": stats}
+        if self._lengths_known:
+            header["lengths_sha256"] = self._lengths.hexdigest()
         with open(npy + ".tmp", "wb") as f:
             np.save(f, arr)
         os.replace(npy + ".tmp", npy)
@@ -136,6 +153,13 @@ class SidecarReader:
         if expect_sequences is not None and expect_sequences != self.sequences:
             raise ValueError(f"{js} covers {self.sequences} sequences but the shard has {expect_sequences}: "
                              "the side-car belongs to another build; rebuild with --annotate")
+        want = self.header.get("lengths_sha256")
+        if want is not None and os.path.exists(self.prefix + ".idx"):
+            got = hashlib.sha256(shard_sequence_lengths(self.prefix).astype("<i8").tobytes()).hexdigest()
+            if got != want:
+                raise ValueError(f"{js} was made for other tokens than {self.prefix}.bin holds (the sequences' token "
+                                 "counts differ: the shard was rebuilt after it was annotated); rebuild the side-car "
+                                 "with `python -m data_prep.annotate` or build_indexed.py --annotate")
         self.spans = np.load(self.prefix + ".spans.npy", mmap_mode="r").view(np.ndarray)
         if self.spans.shape != (self.header["spans"], 4):
             raise ValueError(f"{self.prefix}.spans.npy has shape {self.spans.shape}, header says "
@@ -199,6 +223,19 @@ def _save_atomic(path: str, arr: np.ndarray) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def shard_sequence_lengths(shard_prefix: str | Path) -> np.ndarray:
+    """Every sequence's token count from a shard's ``.idx`` (megatron-core's index layout: 9-byte magic, u64
+    version, u8 dtype code, u64 sequence count, u64 document count, then int32 lengths), read without megatron's
+    slow import; only the header and the lengths are read."""
+    path = f"{shard_prefix}.idx"
+    with open(path, "rb") as f:
+        head = f.read(34)
+        if len(head) < 34 or head[:9] != b"MMIDIDX\x00\x00":
+            raise ValueError(f"{path}: not a megatron-core index file")
+        (count,) = struct.unpack("<Q", head[18:26])
+        return np.frombuffer(f.read(4 * count), dtype="<i4", count=count)
 
 
 def place_spans(spans_per_sequence: Sequence[np.ndarray], starts: Sequence[int], lengths: Sequence[int]

@@ -144,6 +144,38 @@ def test_sidecar_refuses_wrong_build(tmp_path, zh_tok):
         sidecar.SidecarReader(tmp_path / "missing")
 
 
+def _shard(prefix, lengths):
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for n in lengths:
+        builder.add_document(torch.arange(5, 5 + n), [n])
+    builder.finalize(f"{prefix}.idx")
+
+
+def test_sidecar_refuses_a_shard_rebuilt_with_other_tokens(tmp_path):
+    """Same sentence count, other token counts (a shard rebuilt with another tokenizer after it was annotated): the
+    side-car's spans would point at other tokens, so the reader refuses it; the lengths come from the .idx."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    prefix = tmp_path / "s_00000"
+    _shard(prefix, [4, 6, 3])
+    assert sidecar.shard_sequence_lengths(prefix).tolist() == IndexedDataset(str(prefix)).sequence_lengths.tolist()
+    writer = sidecar.SidecarWriter(prefix, spec="gazetteer:x")
+    writer.add_document_spans([np.array([[0, 2, ENTITY]]), np.zeros((0, 3)), np.array([[1, 3, PHRASE]])], [4, 6, 3])
+    assert "lengths_sha256" in writer.finalize()
+    assert len(sidecar.SidecarReader(prefix, expect_sequences=3)) == 3
+    _shard(prefix, [5, 6, 3])
+    with pytest.raises(ValueError, match="other tokens than .*s_00000.bin"):
+        sidecar.SidecarReader(prefix, expect_sequences=3)
+    # without the lengths (older side-cars, or spans added without them) there is nothing to compare
+    writer = sidecar.SidecarWriter(prefix, spec="gazetteer:x")
+    writer.add_document_spans([np.zeros((0, 3))] * 3)
+    assert "lengths_sha256" not in writer.finalize()
+    assert len(sidecar.SidecarReader(prefix, expect_sequences=3)) == 3
+
+
 def test_place_spans_into_sample_and_drop_truncated():
     a = np.array([[0, 2, ENTITY], [3, 5, PHRASE]])
     b = np.array([[1, 4, ENTITY]])

@@ -1,7 +1,6 @@
 """End to end: tiny ERNIE 1.0 on the shared Chinese corpus and tiny ERNIE 2.0 with five tasks, each on 2 CPU ranks
 (torchrun, gloo, ZeRO-2, fp32) through ``python -m trainer.pretrain``, from tokenizer to shards to side-car."""
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,12 +10,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 900
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _prepare(tmp: Path, corpus: Path, kind: str, lines: int, vocab: int, extra=(), annotate_spec=None,
@@ -47,8 +40,10 @@ def _prepare(tmp: Path, corpus: Path, kind: str, lines: int, vocab: int, extra=(
 
 def _train(recipe: str, run_dir: Path, *sets: str) -> tuple[list[dict], list[dict]]:
     """Run a recipe on 2 ranks; returns its logged (training, evaluation) records."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-           str(_free_port()), "-m", "trainer.pretrain", "--config", recipe, "--set", f"run_dir={run_dir}",
+    # --standalone: torchrun binds a free port itself and keeps it (a port probed here and passed on could be taken
+    # by another job in between)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+           "trainer.pretrain", "--config", recipe, "--set", f"run_dir={run_dir}",
            *(x for s in sets for x in ("--set", s))]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"

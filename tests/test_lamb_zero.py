@@ -9,7 +9,6 @@ equals the reference step; a ZeRO-2 save at step 10 and resume is bit-identical 
 checkpoint resumes 2 ranks -> 1.
 """
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,16 +30,9 @@ ATOL = 1e-4
 pytestmark = pytest.mark.multiproc
 
 
-def _free_port() -> int:
-    with socket.socket() as s:  # other test suites run torchrun on this machine too: never use the default port
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(nproc: int, out: Path, *args: str) -> dict:
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            str(HERE / "lamb_zero_worker.py"), "--out", str(out), *args]
     proc = subprocess.run(cmd, cwd=out.parent, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:

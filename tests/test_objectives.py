@@ -18,11 +18,12 @@ from trainer.objectives.electra import ElectraObjective, gumbel_sample
 
 @pytest.fixture(scope="module")
 def split_corpus(en_corpus, en_tokenizer, tmp_path_factory):
-    """Train and held-out corpora from disjoint documents of the English corpus."""
+    """Train and held-out corpora from disjoint documents of the English corpus (the last tenth held out)."""
     docs = encode_docs(en_tokenizer, read_documents(en_corpus))
     root = tmp_path_factory.mktemp("split")
-    return (write_shards(docs[:-1500], root / "train", en_tokenizer.vocab_size),
-            write_shards(docs[-1500:], root / "valid", en_tokenizer.vocab_size))
+    cut = len(docs) - len(docs) // 10
+    return (write_shards(docs[:cut], root / "train", en_tokenizer.vocab_size),
+            write_shards(docs[cut:], root / "valid", en_tokenizer.vocab_size))
 
 
 def _batches(prefix, tok, fmt, seq, batch, n, start=0, seed=0, **masking):
@@ -312,7 +313,8 @@ def small_vocab(en_corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("small")
     tok = train_wordpiece(en_corpus, root / "tok", vocab_size=400)
     docs = encode_docs(tok, read_documents(en_corpus))
-    return tok, write_shards(docs[:-1500], root / "train", 400), write_shards(docs[-1500:], root / "valid", 400)
+    cut = len(docs) - len(docs) // 10  # the last tenth of the modules held out
+    return tok, write_shards(docs[:cut], root / "train", 400), write_shards(docs[cut:], root / "valid", 400)
 
 
 STEPS, BATCH = 300, 16

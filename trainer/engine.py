@@ -20,8 +20,13 @@ from types import SimpleNamespace
 
 import torch
 
-import deepspeed
-from deepspeed.accelerator import get_accelerator
+from data_prep.known_noise import choose_cpu_accelerator
+
+# DeepSpeed picks its accelerator when imported: with a CPU-only torch, say "cpu" first instead of letting it warn
+# that it found no GPU (data_prep/known_noise.py says when this applies; a GPU build of torch is left alone)
+choose_cpu_accelerator()
+import deepspeed  # noqa: E402
+from deepspeed.accelerator import get_accelerator  # noqa: E402
 
 from trainer.ds_json import ds_config_path, offloads_optimizer, precision, read_ds_json
 from trainer.log import warn0

@@ -18,7 +18,8 @@ line between documents; how it was made is in tests/data/README.md). A document 
 
 Everything else is dropped: modern authors (鲁迅, 钱钟书, 毛泽东, 吴军, 尤瓦尔·赫拉利 ...), Debian's texts, quotes of
 programmers, proverbs and unattributed sayings (their wording may come from a modern collection), ``佚名``.
-The selection keeps the input's document order and prints the count of each kind (on stderr).
+The kinds are interleaved evenly through the file (each keeps the input's order) so that any slice of lines mixes
+them; the count of each kind is printed on stderr.
 """
 from __future__ import annotations
 
@@ -96,12 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", type=Path, default=Path(__file__).with_name("zh_classical.txt"))
     args = p.parse_args(argv)
     docs = [d.strip("\n").split("\n") for d in args.input.read_text(encoding="utf-8").split("\n\n") if d.strip()]
-    kept, counts = [], Counter()
+    by_kind: dict[str, list[str]] = {}
+    counts = Counter()
     for doc in docs:
         k = kind(doc)
         counts[k or "dropped"] += 1
         if k:
-            kept.append("\n".join(line.rstrip() for line in doc))
+            by_kind.setdefault(k, []).append("\n".join(line.rstrip() for line in doc))
+    # Interleave the kinds evenly (document i of a kind of n sits at fraction (i + 0.5) / n of the file), so that
+    # any run of lines, such as the tests' "first N lines for training, the next M held out", mixes every kind
+    # instead of training on prose and evaluating on poems. Within a kind, the package's order is kept.
+    order = sorted((((i + 0.5) / len(group), name, i) for name, group in by_kind.items() for i in range(len(group))))
+    kept = [by_kind[name][i] for _, name, i in order]
     args.output.write_text("\n\n".join(kept) + "\n", encoding="utf-8")
     lines = sum(len(d.split("\n")) for d in kept)
     print(f"{args.output}: {len(kept)} of {len(docs)} documents, {lines} lines; {dict(counts)}", file=sys.stderr)
