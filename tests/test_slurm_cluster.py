@@ -87,15 +87,15 @@ def test_stop_leaves_no_process_behind(tmp_path):
         job = cluster.sbatch(script, "--nodes=2", f"--output={tmp_path}/%j.out", cwd=tmp_path)
         cluster.wait_job(job, 60, {"RUNNING"})
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(_marked(cluster.root)) < 5:  # daemons + stepd + sleeps
+        while time.monotonic() < deadline and sum(_name(p) == "sleep" for p in _marked(cluster.root)) < 2:
             time.sleep(0.3)
         daemons = [p.pid for p in cluster.procs.values()]
         before = _marked(cluster.root)
         names = {pid: _name(pid) for pid in before}
-        # what the stop has to end really ran: the daemons, a step daemon and the job's sleep on each of 2 nodes
+        # what the stop has to end really ran: the daemons and the job's sleep on each of 2 nodes (slurmstepd does
+        # not carry the marker: slurmd starts it with an environment of its own)
         assert set(daemons) <= set(before), (daemons, names)
         assert sum(n == "sleep" for n in names.values()) >= 2, names
-        assert any(n == "slurmstepd" for n in names.values()), names
     assert _marked(cluster.root) == [], "processes of the stopped cluster still running"
     alive = [pid for pid in before + daemons
              if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
