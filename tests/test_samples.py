@@ -350,17 +350,24 @@ def _build_in_process(prefix, cache, queue):
     queue.put(np.asarray(index.chunks).tobytes())
 
 
-def test_concurrent_index_builds_agree(en_prepared, tmp_path):
+def run_in_processes(target, args: tuple, n: int, method: str, timeout: float) -> list:
+    """Start ``n`` processes of ``target(*args, queue)`` at once (start method ``method``), return what each put on
+    the queue, and check that every one exited cleanly: concurrent index builders, as the ranks of a job start."""
     import multiprocessing as mp
 
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context(method)
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_build_in_process, args=(en_prepared, tmp_path, queue)) for _ in range(3)]
+    procs = [ctx.Process(target=target, args=(*args, queue)) for _ in range(n)]
     for p in procs:
         p.start()
-    results = [queue.get(timeout=120) for _ in procs]
+    results = [queue.get(timeout=timeout) for _ in procs]
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
+    return results
+
+
+def test_concurrent_index_builds_agree(en_prepared, tmp_path):
+    results = run_in_processes(_build_in_process, (en_prepared, tmp_path), 3, "fork", 120)
     assert len(set(results)) == 1
     assert len(list(tmp_path.glob("index-*.bfc"))) == 1 and not list(tmp_path.glob("*.tmp*"))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_samples import data_config, en_prepared, en_tokenizer, write_shards  # noqa: F401 (fixtures)
+from test_samples import data_config, en_prepared, en_tokenizer, run_in_processes, write_shards  # noqa: F401
 from trainer.data.cache_file import CachePolicy, is_mapped, read_header
 from trainer.data.corpus import IndexedCorpus, idx_arrays
 from trainer.data.dataset import PretrainingDataset
@@ -243,17 +243,7 @@ def _race(prefix, cache, queue):
 
 
 def test_two_concurrent_builders_end_with_one_valid_index(ragged, tmp_path):
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(ragged, tmp_path, queue)) for _ in range(2)]
-    for p in procs:
-        p.start()
-    results = [queue.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    results = run_in_processes(_race, (ragged, tmp_path), 2, "spawn", 300)
     finals = list(tmp_path.glob("index-*.bfc"))
     assert len(finals) == 1 and results[0] == results[1] and not list(tmp_path.glob(".*tmp*"))
     assert read_header(finals[0])["kind"] == "sample-index"
