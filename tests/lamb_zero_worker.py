@@ -267,4 +267,9 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+    from trainer.pretrain import exit_process
+
     main()
+    # as the trainer's own launches do: gloo's threads can abort interpreter teardown after the work is done
+    # ("terminate called without an active exception", seen once with 4 ranks in a fresh-clone run)
+    exit_process(0)
