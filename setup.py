@@ -23,6 +23,7 @@ setup(
         "deepspeed>=0.16",
         "megatron-core>=0.12",
         "numpy",
+        "numba>=0.60",  # the sample index's walk, compiled (trainer/data/index_kernels.py)
         "tokenizers>=0.19",
         "sentencepiece>=0.2",
         "protobuf",  # train_tokenizer --kind unigram reads the SentencePiece model proto

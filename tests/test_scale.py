@@ -359,12 +359,14 @@ def test_sidecar_row_pointers_are_written_at_annotation_and_old_sidecars_still_r
 
 
 def test_scalar_and_vectorised_targets_agree():
-    from trainer.data.sample_index import Layout, _target1
+    from trainer.data.index_kernels import target1
+    from trainer.data.sample_index import Layout, mix64
 
     lay = Layout("segment-pair", 128, 0.3, 77, False)
     s = np.arange(10**9, 10**9 + 5000)
     t = sentence_targets(77, s, lay.budget, 0.3)
-    assert [_target1(lay, int(x)) for x in s] == t.tolist()
+    seed_mix = mix64(np.array([77], np.uint64))[0]
+    assert [target1(int(x), seed_mix, lay.budget, 0.3) for x in s] == t.tolist()
     assert 0.25 < np.mean(t < lay.budget) < 0.35 and t.min() >= 2 and t.max() == lay.budget
 
 

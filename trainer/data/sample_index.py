@@ -24,11 +24,11 @@ Worked example, budget 10 tokens, ``full-sentences``, sentence lengths ``[4, 3, 
 costs ``[4, 3, 6, 6, 3]``; chunks ``[0, 2)`` (7 tokens, adding sentence 2 would make 13) and ``[2, 4)`` (12 > 10:
 one sentence at least, so ``[2, 3)``), then ``[3, 5)``. With ``doc-sentences`` the walk stops at the document end.
 
-Building: shard by shard (in parallel worker processes, ``workers``), each shard in blocks of ``block`` sentences
-with the chain's position and the open packed row carried from block to block, so a builder holds ~100 bytes per
-sentence of *one block* (~100 MB at 1M), whatever the corpus size; shard results are appended to the cache file in
-shard order (workers change only the speed). tests/test_scale.py checks the result against a one-shot build over
-whole-corpus arrays. Why our own walk and not megatron-core's ``helpers.build_mapping``: that one silently drops
+Building: shard by shard (in parallel worker processes, ``workers``), each shard in one compiled pass over its
+mapped ``.idx`` lengths (index_kernels.py), emitting ``block`` chunks at a time, so a builder holds one shard's
+chunks (~5 MB per 1M sentences at T = 128), whatever the corpus size; shard results are appended to the cache file in
+shard order (workers change only the speed). tests/test_scale.py checks the result against a one-shot numpy build
+over whole-corpus arrays. Why our own walk and not megatron-core's ``helpers.build_mapping``: that one silently drops
 every document holding a sentence longer than 512 tokens, cannot cross documents (full-sentences), shuffles the
 result (our order is a keyed bijection, order.py) and needs whole-corpus arrays in memory.
 """
@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -252,215 +251,32 @@ def sentence_targets(index_seed: int, sentences: np.ndarray, budget: int, short_
     return target
 
 
-_MASK64 = (1 << 64) - 1
-
-
-def _mix1(x: int) -> int:
-    """``mix64`` of one Python int (the same bits)."""
-    x = ((x ^ (x >> 30)) * int(_M1)) & _MASK64
-    x = ((x ^ (x >> 27)) * int(_M2)) & _MASK64
-    return x ^ (x >> 31)
-
-
-def _target1(layout: Layout, sentence: int) -> int:
-    """``sentence_targets`` of one global sentence, in Python (tested equal)."""
-    h = _mix1((sentence * int(_GOLDEN) + _mix1(layout.index_seed)) & _MASK64)
-    if (h >> 11) * 2.0 ** -53 < layout.short_seq_prob:
-        return 2 + _mix1(h ^ int(_M2)) % (layout.budget - 1)
-    return layout.budget
-
-
 # -- one shard, block by block -------------------------------------------------------------------------------------------
 def _shard_chunks(task) -> tuple[np.ndarray, np.ndarray]:
-    """(chunks int64 [c, 3] in global sentence numbers, row sizes for packed doc-sentences) of one shard."""
+    """(chunks int64 [c, 3] in global sentence numbers, row sizes for packed doc-sentences) of one shard: the walk
+    of index_kernels.py over the shard's mapped ``.idx`` lengths, ``block`` chunks at a time (the chain position
+    carries over), so a builder holds the shard's chunks and one block of work memory."""
+    from . import index_kernels as K  # noqa: PLC0415 (numba: only builders import it)
+
     prefix, first, layout, block = task
     lengths, _, docs = idx_arrays(prefix)
     n = len(lengths)
     docs = np.asarray(docs, np.int64)
     if len(docs) == 0 or docs[-1] != n:
         docs = np.concatenate([docs[:1] if len(docs) else [0], docs[1:][docs[1:] < n], [n]]).astype(np.int64)
-    L = layout.budget + 2  # the farthest next(s) - s can reach
-    out, packer = [], _Packer(layout.max_seq_length) if layout.packed else None
-    walk = _walk if layout.fmt == "full-sentences" else _walk_documents
-    s = 0
-    for b0 in range(0, n, block):
-        b1 = min(n, b0 + block)
-        if s >= b1:
-            continue
-        w = _Window(lengths, docs, b0, min(n, b1 + L), n, first, layout)
-        starts, ends = walk(w, s, b1)
-        s = int(ends[-1])  # where the chain goes on, in a later block
-        tokens = w.cum[ends - b0] - w.cum[starts - b0]
-        keep = tokens > 0
-        if layout.fmt in ("segment-pair", "sop-pair", "sentence-pair"):
-            keep &= ends - starts >= 2  # a pair needs two sentences (single-sentence documents cannot make one)
-        target = sentence_targets(layout.index_seed, starts[keep] + first, layout.budget, layout.short_seq_prob)
-        chunks = np.stack([starts[keep] + first, ends[keep] + first, target], axis=1)
-        if packer is not None:
-            packer.add(chunks, np.minimum(tokens[keep], layout.budget) + 2)
-        else:
-            out.append(chunks)
-    if packer is not None:
-        return packer.finish()
-    return (np.concatenate(out) if out else np.zeros((0, 3), np.int64)), np.zeros(0, np.int64)
-
-
-class _Window:
-    """Sentences [b0, w1) of a shard: document ends, cumulative costs from b0; ``next(s)`` for any s in it."""
-
-    def __init__(self, lengths, docs, b0: int, w1: int, n: int, first: int, layout: Layout):
-        self.b0, self.n, self.first, self.layout = b0, n, first, layout
-        i0 = int(np.searchsorted(docs, b0, side="right")) - 1
-        i1 = int(np.searchsorted(docs, w1 - 1, side="right"))
-        bounds = np.clip(docs[i0:i1 + 1], b0, w1)
-        self.docs = docs[i0:i1 + 1]
-        self.dend = np.repeat(docs[i0 + 1:i1 + 1], np.diff(bounds))  # end of each sentence's document
-        cost = np.asarray(lengths[b0:w1], np.int64)
-        if layout.fmt == "full-sentences":
-            cost = cost.copy()
-            cost[self.dend - 1 - b0 == np.arange(w1 - b0)] += 1  # the separator after a document's last sentence
-        self.cum = np.zeros(w1 - b0 + 1, np.int64)
-        np.cumsum(cost, out=self.cum[1:])
-
-    def next(self, s: np.ndarray, scattered: bool = True) -> np.ndarray:
-        """next(s) of the module docstring for shard-local sentences ``s`` (>= b0, < the window's end - budget);
-        ``scattered``: a sparse subset (chain nodes) rather than every sentence in order."""
-        lay, local = self.layout, s - self.b0
-        if lay.fmt == "sentence-pair":
-            nxt = s + 2
-        else:
-            target = sentence_targets(lay.index_seed, s + self.first, lay.budget, lay.short_seq_prob)
-            if scattered:
-                fit = _fit(self.cum, local, target) + self.b0
-            else:  # ascending queries: numpy's binary search starts from the previous answer
-                fit = np.searchsorted(self.cum, self.cum[local] + target, side="right") - 1 + self.b0
-            nxt = np.minimum(np.maximum(fit, s + lay.min_sent), s + lay.budget)
-        if lay.fmt in WITHIN_DOCUMENT:
-            de = self.dend[local]
-            nxt = np.minimum(nxt, de)
-            tail = de - nxt
-            nxt = np.where((tail > 0) & (tail < lay.min_tail), de, nxt)
-        return np.minimum(nxt, self.n)
-
-    def next1(self, s: int) -> int:
-        """``next`` of one sentence in plain Python (~2 µs): for the few long documents left at the end of a block,
-        where a numpy call per step would cost more than the step."""
-        lay, local = self.layout, s - self.b0
-        if lay.fmt == "sentence-pair":
-            nxt = s + 2
-        else:
-            cum, e, last = self.cum, local, len(self.cum) - 1
-            limit = int(cum[local]) + _target1(lay, s + self.first)
-            while e < last and e - local < lay.budget and cum[e + 1] <= limit:
-                e += 1
-            nxt = min(max(e + self.b0, s + lay.min_sent), s + lay.budget)
-        if lay.fmt in WITHIN_DOCUMENT:
-            de = int(self.dend[local])
-            nxt = min(nxt, de)
-            if 0 < de - nxt < lay.min_tail:
-                nxt = de
-        return min(nxt, self.n)
-
-
-_K = np.arange(1, 17)
-
-
-def _fit(cum: np.ndarray, local: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """The largest e with ``cum[e] - cum[s] <= target`` for each s of ``local``. Chunks hold a handful of
-    sentences, so comparing the next 16 cumulative costs of each s (neighbouring memory) answers almost all of them;
-    the rest take a binary search over the window (3x slower per query on 1M sentences: cache misses)."""
-    last = len(cum) - 1
-    out = np.empty(len(local), np.int64)
-    for lo in range(0, len(local), 1 << 16):  # 16 x 64k entries at a time: ~8 MB of work memory
-        s, t = local[lo:lo + (1 << 16)], target[lo:lo + (1 << 16)]
-        limit = cum[s] + t
-        count = (cum[np.minimum(s[:, None] + _K, last)] <= limit[:, None]).sum(axis=1)
-        fit = np.minimum(s + count, last)
-        far = count == len(_K)
-        if far.any():
-            fit[far] = np.searchsorted(cum, limit[far], side="right") - 1
-        out[lo:lo + len(s)] = fit
-    return out
-
-
-def _walk(w: _Window, s: int, b1: int) -> tuple[np.ndarray, np.ndarray]:
-    """The chain s -> next(s) -> ... while < b1, for full-sentences, whose chain crosses documents: next() for every
-    sentence of the block, then one Python step per sample (~0.1 µs; ``ndarray.item`` and a typed ``array`` keep
-    memory at 8 bytes per sample). -> (starts, ends)."""
-    nxt = w.next(np.arange(w.b0, b1), scattered=False)
-    out, step, b0 = array("q"), nxt.item, w.b0
-    while s < b1:
-        out.append(s)
-        s = step(s - b0)
-    starts = np.frombuffer(out, dtype=np.int64).copy()
-    return starts, nxt[starts - b0]
-
-
-def _walk_documents(w: _Window, s: int, b1: int) -> tuple[np.ndarray, np.ndarray]:
-    """The same chain for formats that never cross a document, vectorised: every document's chain starts at the
-    document's first sentence, so all documents of the block advance together, one numpy step per chunk *within*
-    a document (tens of steps), computing next() only for the sentences on the chain (1 in ~5 at T = 128)."""
-    d = w.docs[(w.docs >= s) & (w.docs < b1)]
-    frontier = np.unique(np.concatenate([[s], d])).astype(np.int64)
-    starts, ends = [], []
-    while len(frontier) > 64:  # numpy steps while many documents are still open ...
-        nxt = w.next(frontier)
-        starts.append(frontier)
-        ends.append(nxt)
-        go_on = (nxt < w.dend[frontier - w.b0]) & (nxt < b1)  # still inside its document and this block
-        frontier = nxt[go_on]
-    tail_starts, tail_ends = array("q"), array("q")
-    for x in frontier.tolist():  # ... then the few long ones in Python
-        end = int(w.dend[x - w.b0])
-        while True:
-            y = w.next1(x)
-            tail_starts.append(x)
-            tail_ends.append(y)
-            if y >= end or y >= b1:
-                break
-            x = y
-    starts.append(np.frombuffer(tail_starts, np.int64) if len(tail_starts) else np.zeros(0, np.int64))
-    ends.append(np.frombuffer(tail_ends, np.int64) if len(tail_ends) else np.zeros(0, np.int64))
-    starts, ends = np.concatenate(starts), np.concatenate(ends)
-    order = np.argsort(starts, kind="stable")
-    return starts[order], ends[order]
-
-
-class _Packer:
-    """Next-fit packing of short doc-sentences samples into rows of at most ``max_seq_length`` tokens, fed block by
-    block. Samples longer than half a row stay alone (they rarely pair up); the short ones, mostly document tails
-    that follow each other in corpus order, share rows. One Python step per sample."""
-
-    def __init__(self, max_seq_length: int):
-        self.T = max_seq_length
-        self.chunks: list[np.ndarray] = []
-        self.order, self.sizes = array("q"), array("q")
-        self.open: list[int] = []
-        self.open_tokens = 0
-        self.seen = 0
-
-    def add(self, chunks: np.ndarray, row_tokens: np.ndarray) -> None:
-        self.chunks.append(chunks)
-        long_rows = (row_tokens * 2 > self.T).tolist()
-        order, sizes = self.order, self.sizes
-        for i, (is_long, n) in enumerate(zip(long_rows, row_tokens.tolist()), start=self.seen):
-            if is_long:
-                order.append(i)
-                sizes.append(1)
-                continue
-            if self.open_tokens + n > self.T:
-                order.extend(self.open)
-                sizes.append(len(self.open))
-                self.open, self.open_tokens = [], 0
-            self.open.append(i)
-            self.open_tokens += n
-        self.seen += len(chunks)
-
-    def finish(self) -> tuple[np.ndarray, np.ndarray]:
-        if self.open:
-            self.order.extend(self.open)
-            self.sizes.append(len(self.open))
-        chunks = np.concatenate(self.chunks) if self.chunks else np.zeros((0, 3), np.int64)
-        order = np.frombuffer(self.order, np.int64) if len(self.order) else np.zeros(0, np.int64)
-        sizes = np.frombuffer(self.sizes, np.int64).copy() if len(self.sizes) else np.zeros(0, np.int64)
-        return chunks[order], sizes
+    mode = {"full-sentences": K.FULL_SENTENCES, "sentence-pair": K.SENTENCE_PAIR}.get(layout.fmt, K.WITHIN_DOCUMENT)
+    keep_min = 2 if layout.fmt in ("segment-pair", "sop-pair", "sentence-pair") else 1  # a pair needs 2 sentences
+    seed_mix = mix64(np.array([layout.index_seed], np.uint64))[0]
+    out, rows = np.empty((max(1, block), 3), np.int64), np.empty(max(1, block), np.int64)
+    parts, sizes = [], []
+    s, d = 0, 0
+    while s < n:
+        k, s, d = K.walk(lengths, docs, first, s, d, n, mode, layout.budget, layout.min_sent, layout.min_tail,
+                         keep_min, seed_mix, float(layout.short_seq_prob), out, rows)
+        parts.append(out[:k].copy())
+        sizes.append(rows[:k].copy())
+    chunks = np.concatenate(parts) if parts else np.zeros((0, 3), np.int64)
+    if not layout.packed:
+        return chunks, np.zeros(0, np.int64)
+    order, row_sizes = K.pack(np.concatenate(sizes) if sizes else np.zeros(0, np.int64), layout.max_seq_length)
+    return chunks[order], row_sizes

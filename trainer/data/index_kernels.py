@@ -1,0 +1,140 @@
+"""The sample index's sentence walk and packing as compiled loops (numba), one pass over a shard's ``.idx`` lengths.
+
+The rules are sample_index.py's (its docstring): a chunk's end ``next(s)`` depends on where the previous chunk
+ended, so the walk is a chain, sequential by nature. numpy can only vectorise it by computing ``next`` for whole
+frontiers and stepping many documents at once: ~20 array passes and a Python tail per block, 0.15 CPU-s per 1M
+sentences measured (bench/scale.py, BENCHMARKS.md). The loop itself reads each length once or twice: compiled, it
+is a few ns per sentence. No library has this walk (megatron-core's C++ ``build_mapping`` is the closest and it
+drops documents with a sentence over 512 tokens, never crosses documents and shuffles its output), so we write the
+loop and let numba compile it: a library on PyPI for all our platforms, no compiler needed at install, and the
+compiled code is cached on disk (``cache=True``: ``__pycache__`` beside this file, or numba's user cache when that
+is read-only), so a process pays the ~2 s compilation once per machine and then ~0.1 s to load it.
+
+Everything here is imported lazily by sample_index.py's builder (numba's import costs ~0.5 s), never by a rank that
+only maps a prebuilt index.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# modes of the walk
+FULL_SENTENCES, WITHIN_DOCUMENT, SENTENCE_PAIR = 0, 1, 2
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(cache=True, nogil=True)
+def mix1(x):
+    """splitmix64's finaliser on one uint64 (wrapping): sample_index.mix64 of one value."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(cache=True, nogil=True)
+def target1(sentence, seed_mix, budget, short_seq_prob):
+    """sample_index.sentence_targets of one global sentence (``seed_mix`` = mix64(index_seed), precomputed)."""
+    h = mix1(np.uint64(sentence) * _GOLDEN + seed_mix)
+    if np.float64(h >> np.uint64(11)) * 2.0 ** -53 < short_seq_prob:
+        return np.int64(2) + np.int64(mix1(h ^ _M2) % np.uint64(budget - 1))
+    return np.int64(budget)
+
+
+@njit(cache=True, nogil=True)
+def walk(lengths, docs, first, s, d, stop, mode, budget, min_sent, min_tail, keep_min, seed_mix, short_seq_prob,
+         out, row_tokens):
+    """Chunks of one shard from chain position ``s`` (shard-local; ``d``: its document, ``docs[d] <= s <
+    docs[d + 1]``), while ``s < stop`` and ``out`` has room. ``docs`` ends with the shard's sentence count.
+
+    Writes (start, end, target) rows in global sentence numbers to ``out`` and each row's packed size
+    (min(tokens, budget) + 2) to ``row_tokens``; returns (rows written, next s, its document)."""
+    n = len(lengths)
+    cap = len(out)
+    k = 0
+    while s < stop and k < cap:
+        while docs[d + 1] <= s:  # skip to s's document (empty documents have docs[d] == docs[d + 1])
+            d += 1
+        de = docs[d + 1]
+        t = target1(first + s, seed_mix, budget, short_seq_prob)
+        if mode == SENTENCE_PAIR:
+            nxt = s + 2
+        else:
+            # the largest e with cost(s..e-1) <= t, at most s + budget; a document's last sentence costs one more in
+            # full-sentences (the [SEP] that follows it)
+            e, acc, dd = s, 0, d
+            while e < n and e - s < budget:
+                c = np.int64(lengths[e])
+                if mode == FULL_SENTENCES:
+                    while docs[dd + 1] <= e:
+                        dd += 1
+                    if docs[dd + 1] - 1 == e:
+                        c += 1
+                if acc + c > t:
+                    break
+                acc += c
+                e += 1
+            nxt = min(max(e, s + min_sent), s + budget)
+        if mode != FULL_SENTENCES:
+            nxt = min(nxt, de)
+            if 0 < de - nxt < min_tail:  # a remainder too short to be a chunk joins this one
+                nxt = de
+        nxt = min(nxt, n)
+        tokens, dd = np.int64(0), d
+        for e in range(s, nxt):
+            c = np.int64(lengths[e])
+            if mode == FULL_SENTENCES:
+                while docs[dd + 1] <= e:
+                    dd += 1
+                if docs[dd + 1] - 1 == e:
+                    c += 1
+            tokens += c
+        if tokens > 0 and nxt - s >= keep_min:
+            out[k, 0] = first + s
+            out[k, 1] = first + nxt
+            out[k, 2] = t
+            row_tokens[k] = min(tokens, budget) + 2
+            k += 1
+        s = nxt
+    return k, s, d
+
+
+@njit(cache=True, nogil=True)
+def pack(row_tokens, T):
+    """Next-fit packing of rows of ``row_tokens`` tokens into rows of at most ``T``: a row over half of ``T`` stays
+    alone (emitted in place), the short ones fill the open row in order. -> (order of the rows, sizes of the packed
+    rows)."""
+    m = len(row_tokens)
+    order = np.empty(m, np.int64)
+    sizes = np.empty(m, np.int64)
+    held = np.empty(m, np.int64)  # the open row's members
+    n_order, n_sizes, n_held, used = 0, 0, 0, 0
+    for i in range(m):
+        size = row_tokens[i]
+        if size * 2 > T:
+            order[n_order] = i
+            n_order += 1
+            sizes[n_sizes] = 1
+            n_sizes += 1
+            continue
+        if used + size > T:
+            for j in range(n_held):
+                order[n_order] = held[j]
+                n_order += 1
+            sizes[n_sizes] = n_held
+            n_sizes += 1
+            n_held, used = 0, 0
+        held[n_held] = i
+        n_held += 1
+        used += size
+    if n_held:
+        for j in range(n_held):
+            order[n_order] = held[j]
+            n_order += 1
+        sizes[n_sizes] = n_held
+        n_sizes += 1
+    return order, sizes[:n_sizes].copy()
