@@ -375,7 +375,8 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--format", default="segment-pair")
     p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--old-ref", default="main", help="git ref of the previous implementation ('none' to skip)")
+    p.add_argument("--old-ref", default="d15298b", help="git ref of the previous implementation, the one issue 14 measured "
+                   "(d15298b: main before issue 14; 'none' to skip)")
     p.add_argument("--old-max", default="100M", help="largest size to run the previous implementation on")
     p.add_argument("--megatron-max", default="200M")
     p.add_argument("--out", default=str(REPO / "bench" / "out" / "scale"))

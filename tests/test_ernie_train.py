@@ -122,7 +122,7 @@ def test_ernie_samples_are_pure_functions_of_position(zh_prepared):
         c, epoch, sid = a.locate(g)
         start, end = a.chunk(c, sid)
         n = len(a.corpora[c].read(start, end)[:cfg.data.max_seq_length - 2])
-        spans = place_chunk_spans(a.spans[c].range(start, end), start, a.cums[c], 1, n)
+        spans = place_chunk_spans(a.spans[c].range(start, end), start, a.corpora[c].offsets(start, end), 1, n)
         selected = np.zeros(cfg.data.max_seq_length, bool)
         selected[a[g]["mlm_positions"]] = True
         n_spans, n_selected = n_spans + len(spans), n_selected + int(selected.sum())

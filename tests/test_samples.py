@@ -178,7 +178,8 @@ def _locate(corpus, seg):
 
 def test_nsp_negatives_come_from_other_documents_and_positives_are_contiguous(en_prepared):
     corpus, index, build = _builder(en_prepared, "segment-pair", short=0.0)
-    tok_doc = np.repeat(np.arange(corpus.num_documents), np.diff(build.cum[corpus.doc_starts]))
+    cum = np.concatenate([[0], np.cumsum(corpus.sentence_lengths())])
+    tok_doc = np.repeat(np.arange(corpus.num_documents), np.diff(cum[corpus.doc_starts]))
     labels, checked = [], 0
     for i in range(0, len(index), max(1, len(index) // 300)):
         s = build(i, np.random.default_rng(i))

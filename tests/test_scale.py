@@ -38,7 +38,7 @@ def reference_index(corpus: IndexedCorpus, fmt: str, T: int, short: float, seed:
     """sample_index.py's rules applied in one shot to whole-corpus arrays (the old build's shape), as an
     independent reference for the block-by-block, shard-parallel build."""
     budget = content_budget(fmt, T)
-    lengths = np.diff(np.asarray(corpus.token_offsets)).astype(np.int64)
+    lengths = corpus.sentence_lengths()
     n = len(lengths)
     s = np.arange(n)
     doc_end = np.asarray(corpus.doc_starts)[corpus.document_of(s) + 1]
@@ -134,18 +134,23 @@ def test_dataset_holds_mapped_arrays_and_pickles_paths_not_arrays(en_prepared, e
                       cache_dir=str(tmp_path))
     ds = PretrainingDataset(cfg, en_tokenizer, seed=3)
     corpus, index = ds.corpora[0], ds.builders[0].index
-    for arr in (corpus.token_offsets, corpus.doc_starts, index.chunks, index.row_ptr, ds.builders[0].cum):
+    for p in (0, 5, 3 * len(ds) + 1):
+        ds[p]  # opens the maps that reading needs
+    shard_maps = [a for s in corpus._shards for a in (s.lengths, s.pointers, s.tokens) if a is not None]
+    assert shard_maps  # the .idx and .bin maps that reading opened
+    for arr in (corpus.doc_starts, index.chunks, index.row_ptr, *shard_maps):
         assert is_mapped(arr) and not arr.flags.owndata
     assert not any(isinstance(v, np.ndarray) and v.size > 100_000 for v in vars(ds).values())
     blob = pickle.dumps(ds)
-    assert len(blob) < corpus.token_offsets.nbytes + index.chunks.nbytes  # paths travel, not the arrays
+    assert len(blob) < sum(a.nbytes for a in shard_maps) + index.chunks.nbytes  # paths travel, not the arrays
     assert len(blob) < 200_000
     again = pickle.loads(blob)
-    assert is_mapped(again.corpora[0].token_offsets) and is_mapped(again.builders[0].index.chunks)
-    assert again.builders[0].cum is again.corpora[0].token_offsets
+    assert is_mapped(again.corpora[0].doc_starts) and is_mapped(again.builders[0].index.chunks)
+    assert all(s.lengths is None and s.tokens is None for s in again.corpora[0]._shards)  # re-mapped on first read
     for p in (0, 5, 3 * len(ds) + 1):
         a, b = ds[p], again[p]
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert all(is_mapped(s.lengths) for s in again.corpora[0]._shards if s.lengths is not None)
 
 
 def test_loader_workers_under_spawn_give_the_same_batches(en_prepared, en_tokenizer, tmp_path):

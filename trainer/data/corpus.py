@@ -6,14 +6,18 @@ Global numbering concatenates the shards in manifest order:
     shard 1: documents [D0, D0 + D1), sentences [S0, S0 + S1)
 
 ``doc_starts`` has ``num_documents + 1`` entries (like megatron's ``document_indices``); document ``d`` holds
-sentences ``[doc_starts[d], doc_starts[d + 1])``. ``token_offsets[s]`` is where sentence ``s`` starts in the
-concatenated token stream. Sentences of one shard are contiguous in its ``.bin``, so any sentence range inside a
-shard is one slice of its map: ``read(s, e)`` costs one read per shard it touches.
+sentences ``[doc_starts[d], doc_starts[d + 1])``. Token positions come from each shard's own ``.idx`` arrays
+(``sequence_lengths``, ``sequence_pointers``), mapped as megatron-core's ``IndexedDataset`` maps them: sentences of
+one shard are contiguous in its ``.bin``, so any sentence range inside a shard is one slice of its map, and
+``read(s, e)`` costs one read per shard it touches. No chunk, document or sample crosses a shard, so token offsets
+are only ever needed relative to a sentence of the same shard (``offsets``).
 
-Memory: nothing per sentence is private. ``token_offsets`` and ``doc_starts`` are views of one cache file
-(trainer/data/cache_file.py) written once, shard by shard (bounded memory), and mapped by every rank and worker of
-a node (one page-cache copy); the ``.bin`` token files are mapped lazily by the process that reads them. Pickling
-(DataLoader workers under ``spawn``/``forkserver``) sends the paths, and the worker maps the files again.
+Memory: nothing per sentence is private, and nothing per sentence is copied: ``doc_starts`` (8 bytes per document)
+is a view of one cache file (trainer/data/cache_file.py) written once, shard by shard, and the ``.idx``/``.bin`` maps
+are opened lazily by the process that reads them; every rank and worker of a node shares one page-cache copy.
+Pickling (DataLoader workers under ``spawn``/``forkserver``) sends the paths, and the worker maps the files again.
+(An earlier version also cached global token offsets, 8 bytes per sentence: writing them was most of the build time
+at 100M sentences, and they duplicate what the ``.idx`` holds.)
 
 The ``.idx`` arrays are mapped with numpy at the offsets of megatron-core's documented layout (``idx_arrays``)
 instead of through ``IndexedDataset``: importing megatron.core costs seconds in every index-builder process, and the
@@ -32,7 +36,7 @@ from data_prep.manifest import manifest_path, read_manifest
 
 from .cache_file import CachePolicy, CacheWriter, ensure, launcher_rank, settings_hash
 
-CORPUS_CACHE_VERSION = 1
+CORPUS_CACHE_VERSION = 2
 IDX_MAGIC = b"MMIDIDX\x00\x00"  # megatron-core's _INDEX_HEADER
 IDX_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
               8: np.uint16}  # megatron-core's DType codes
@@ -82,13 +86,16 @@ class _Shard:
     first_sentence: int
     dtype: np.dtype
     tokens: np.ndarray | None = None  # the .bin as a flat token array (mmap), opened on first read
+    lengths: np.ndarray | None = None  # the .idx sequence lengths and pointers (mmap), opened on first use
+    pointers: np.ndarray | None = None
 
 
 class IndexedCorpus:
     """Documents and sentences of one prepared corpus (all its shards).
 
-    ``token_offsets`` (int64 [S + 1]) and ``doc_starts`` (int64 [D + 1]) are memory-mapped views of the corpus cache
-    file in ``cache.dir`` (default: ``index_cache/`` beside the manifest), built on first use by the policy's builder.
+    ``doc_starts`` (int64 [D + 1]) is a memory-mapped view of the corpus cache file in ``cache.dir`` (default:
+    ``index_cache/`` beside the manifest), built on first use by the policy's builder; token positions come from the
+    shards' mapped ``.idx`` arrays.
     """
 
     def __init__(self, prefix: str | os.PathLike, cache: CachePolicy | None = None):
@@ -124,32 +131,15 @@ class IndexedCorpus:
     def _open_arrays(self) -> None:
         arrays, _ = ensure(self.cache_path, "corpus", self.cache_key(), self._write_arrays, self.cache,
                            f"the corpus arrays of {self.prefix}")
-        self.token_offsets, self.doc_starts = arrays["token_offsets"], arrays["doc_starts"]
+        self.doc_starts = arrays["doc_starts"]
 
     def _write_arrays(self, path: Path) -> None:
-        """Two streaming passes over the shards' ``.idx`` maps; peak memory is one shard's arrays."""
-        with CacheWriter(path, "corpus", self.cache_key(), [("token_offsets", "<i8", ()), ("doc_starts", "<i8", ())]) as w:
-            w.append("token_offsets", np.zeros(1, np.int64))
-            base = 0
-            for shard in self._shards:
-                lengths, pointers, _ = idx_arrays(shard.prefix)
-                offsets = np.cumsum(lengths, dtype=np.int64)
-                # a slice of one mapped array costs ~1 µs where IndexedDataset.get costs ~20 µs, which needs the
-                # sentences back to back in the .bin as megatron-core's builder writes them: checked here, once, on
-                # every 1024th sentence and the last (a builder that reorders writes shows up there; all of them
-                # would read 8 bytes per sentence more)
-                check = np.unique(np.r_[np.arange(1, len(offsets), 1024), len(offsets) - 1]) if len(offsets) else []
-                if len(check) and not np.array_equal(pointers[check], offsets[check - 1] * shard.dtype.itemsize):
-                    raise ValueError(f"{shard.prefix}.bin does not hold its sentences back to back as the .idx pointers"
-                                     " say; it was not written by megatron-core's IndexedDatasetBuilder: rebuild the "
-                                     "corpus")
-                total = int(offsets[-1]) if len(offsets) else 0
-                offsets += base
-                w.append("token_offsets", offsets)
-                base += total
+        """One streaming pass over the shards' ``.idx`` maps; peak memory is one shard's arrays."""
+        with CacheWriter(path, "corpus", self.cache_key(), [("doc_starts", "<i8", ())]) as w:
             w.append("doc_starts", np.zeros(1, np.int64))
             for shard in self._shards:
-                _, _, docs = idx_arrays(shard.prefix)
+                lengths, pointers, docs = idx_arrays(shard.prefix)
+                _check_back_to_back(shard, lengths, pointers)
                 w.append("doc_starts", np.asarray(docs[1:], np.int64) + shard.first_sentence)
             w.commit({"prefix": self.prefix})
 
@@ -181,32 +171,71 @@ class IndexedCorpus:
         """Document index of each global sentence index (vectorised binary search)."""
         return np.searchsorted(self.doc_starts, sentences, side="right") - 1
 
+    def shard_of(self, sentence: int) -> int:
+        return int(np.searchsorted(self._shard_starts, sentence, side="right") - 1)
+
+    def _idx(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(lengths, pointers) of shard ``k``, mapped on first use."""
+        shard = self._shards[k]
+        if shard.lengths is None:
+            shard.lengths, shard.pointers, _ = idx_arrays(shard.prefix)
+        return shard.lengths, shard.pointers
+
     def sentence_lengths(self, start: int = 0, end: int | None = None) -> np.ndarray:
-        """Lengths of sentences ``[start, end)`` (a private array: for ranges, not the whole corpus)."""
+        """Lengths (int64) of sentences ``[start, end)``, which may span shards (a private array: for ranges, not the
+        whole corpus)."""
         end = self.num_sentences if end is None else end
-        return np.diff(self.token_offsets[start:end + 1])
+        pieces = []
+        while start < end:
+            k = self.shard_of(start)
+            stop = min(end, int(self._shard_starts[k + 1]))
+            first = self._shards[k].first_sentence
+            pieces.append(self._idx(k)[0][start - first:stop - first])
+            start = stop
+        return np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, np.int64)
+
+    def offsets(self, start: int, end: int) -> np.ndarray:
+        """Token offsets of sentences ``start..end`` (inclusive; one shard) relative to ``start``'s: int64 [end -
+        start + 1], ``offsets[i]`` = tokens of sentences ``[start, start + i)``."""
+        out = np.zeros(end - start + 1, np.int64)
+        np.cumsum(self.sentence_lengths(start, end), out=out[1:])
+        return out
+
+    def end_reaching(self, first: int, want: int, limit: int) -> int:
+        """The smallest ``last`` in ``(first, limit]`` with at least ``want`` tokens in sentences ``[first, last)``, or
+        ``limit`` when they hold fewer. Reads a window of lengths at a time (a sentence has >= 1 token but may have
+        0), never the whole document."""
+        got, lo, width = 0, first, max(want, 1)
+        while lo < limit:
+            hi = min(limit, lo + width)
+            cum = np.cumsum(self.sentence_lengths(lo, hi)) + got
+            j = int(np.searchsorted(cum, want, side="left"))
+            if j < len(cum):
+                return max(lo + j + 1, first + 1)
+            got, lo, width = int(cum[-1]), hi, width * 2
+        return limit
 
     # -- reading ---------------------------------------------------------------------------------------------------
     def read(self, start: int, end: int) -> np.ndarray:
         """Tokens of sentences ``[start, end)`` concatenated (int32; one slice of a shard's map per shard touched)."""
-        k = int(np.searchsorted(self._shard_starts, start, side="right") - 1)
         pieces = []
-        offsets = self.token_offsets
         while start < end:
+            k = self.shard_of(start)
             shard = self._shards[k]
             stop = min(end, int(self._shard_starts[k + 1]))
-            tokens = shard.tokens if shard.tokens is not None else self._map(shard, k)
-            base = offsets[shard.first_sentence]
-            pieces.append(tokens[offsets[start] - base:offsets[stop] - base])
-            start, k = stop, k + 1
+            lengths, pointers = self._idx(k)
+            tokens = shard.tokens if shard.tokens is not None else self._map(shard)
+            a, b = start - shard.first_sentence, stop - 1 - shard.first_sentence
+            size = shard.dtype.itemsize
+            pieces.append(tokens[int(pointers[a]) // size:int(pointers[b]) // size + int(lengths[b])])
+            start = stop
         if len(pieces) == 1:
             return pieces[0].astype(np.int32)
         return np.concatenate(pieces).astype(np.int32) if pieces else np.zeros(0, np.int32)
 
-    def _map(self, shard: _Shard, k: int) -> np.ndarray:
+    def _map(self, shard: _Shard) -> np.ndarray:
         """The shard's .bin as one token array (the layout was checked when the corpus cache was built)."""
-        lo, hi = shard.first_sentence, int(self._shard_starts[k + 1])
-        if self.token_offsets[hi] == self.token_offsets[lo]:
+        if os.path.getsize(shard.prefix + ".bin") == 0:
             shard.tokens = np.zeros(0, shard.dtype)  # numpy cannot map an empty file
         else:
             shard.tokens = np.memmap(shard.prefix + ".bin", dtype=shard.dtype, mode="r").view(np.ndarray)
@@ -216,10 +245,24 @@ class IndexedCorpus:
         # Workers re-open their own maps: a mapped file does not survive pickling (it would be sent as a copy).
         state = dict(self.__dict__)
         state["_shards"] = [_Shard(s.prefix, s.first_sentence, s.dtype) for s in self._shards]
-        del state["token_offsets"], state["doc_starts"]
+        del state["doc_starts"]
         state["cache"] = CachePolicy(self.cache.dir, builder=False, timeout=0.0)  # the file exists by now
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._open_arrays()
+
+
+def _check_back_to_back(shard: _Shard, lengths: np.ndarray, pointers: np.ndarray) -> None:
+    """``read`` slices a sentence range as one piece of the ``.bin``, which needs the sentences back to back as
+    megatron-core's builder writes them: checked once, at the cache build, on every 1024th sentence and the last (a
+    builder that reorders writes shows up there; checking all of them would read 8 bytes per sentence more)."""
+    if len(lengths) == 0:
+        return
+    offsets = np.cumsum(lengths, dtype=np.int64)
+    check = np.unique(np.r_[np.arange(1, len(offsets), 1024), len(offsets) - 1])
+    check = check[check > 0]
+    if len(check) and not np.array_equal(pointers[check], offsets[check - 1] * shard.dtype.itemsize):
+        raise ValueError(f"{shard.prefix}.bin does not hold its sentences back to back as the .idx pointers say; it "
+                         "was not written by megatron-core's IndexedDatasetBuilder: rebuild the corpus")

@@ -35,11 +35,6 @@ class SampleBuilder:
         if fmt in ("segment-pair", "sentence-pair") and corpus.num_documents < 2:
             raise ValueError(f"{corpus.prefix}: NSP negatives come from another document, but it has only one")
 
-    @property
-    def cum(self) -> np.ndarray:
-        """The corpus's token offsets (a mapped view; a property so that pickling never copies it)."""
-        return self.corpus.token_offsets
-
     def __call__(self, sample_id: int, rng: np.random.Generator) -> dict:
         chunks = self.index.sample_chunks(sample_id)
         if self.fmt in ("full-sentences", "doc-sentences"):
@@ -58,7 +53,7 @@ class SampleBuilder:
                 lo, hi = np.searchsorted(starts, [start + 1, end], side="left")
                 doc_ends = starts[lo:hi]  # sentence indices in (start, end) that begin a new document
                 if len(doc_ends):
-                    toks = np.insert(toks, self.cum[doc_ends] - self.cum[start], self.sep)
+                    toks = np.insert(toks, self.corpus.offsets(start, end)[doc_ends - start], self.sep)
             toks = toks[:self.budget]
             rows.append(np.concatenate([[self.cls], toks, [self.sep]]).astype(np.int32))
             # int32: a packed sample is >= 2 tokens, so a row of T tokens holds up to T // 2 of them (256 at 512,
@@ -78,7 +73,7 @@ class SampleBuilder:
         else:
             pivot = int(rng.integers(start + 1, end))  # A = [start, pivot), B = [pivot, end), both non-empty
         toks = self.corpus.read(start, end)
-        cut = int(self.cum[pivot] - self.cum[start])
+        cut = int(self.corpus.sentence_lengths(start, pivot).sum())
         a, b = toks[:cut], toks[cut:]
         if negative and self.fmt == "sop-pair":
             a, b = b, a
@@ -104,8 +99,7 @@ class SampleBuilder:
         if self.fmt == "sentence-pair":
             last = first + 1
         else:
-            last = int(np.searchsorted(self.cum, self.cum[first] + want, side="left"))
-            last = min(max(last, first + 1), d1)
+            last = self.corpus.end_reaching(first, want, d1)
         return self.corpus.read(first, last)
 
     def _truncate(self, a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

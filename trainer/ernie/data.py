@@ -49,12 +49,13 @@ class CorpusSpans:
         return np.concatenate(out) if out else np.zeros((0, 4), np.int64)
 
 
-def place_chunk_spans(spans: np.ndarray, start: int, cum: np.ndarray, offset: int, budget: int) -> np.ndarray:
-    """Spans of a chunk's sentences -> row positions: sentence s begins at ``offset + cum[s] - cum[start]``; spans
-    past the ``budget`` (tokens kept after truncation) are dropped whole. Returns [k, 3]."""
+def place_chunk_spans(spans: np.ndarray, start: int, offsets: np.ndarray, offset: int, budget: int) -> np.ndarray:
+    """Spans of a chunk's sentences -> row positions: sentence s begins at ``offset + offsets[s - start]``
+    (``offsets``: IndexedCorpus.offsets of the chunk); spans past the ``budget`` (tokens kept after truncation) are
+    dropped whole. Returns [k, 3]."""
     if len(spans) == 0:
         return np.zeros((0, 3), np.int64)
-    shift = offset + cum[spans[:, 0]] - cum[start]
+    shift = offset + offsets[spans[:, 0] - start]
     placed = np.stack([spans[:, 1] + shift, spans[:, 2] + shift, spans[:, 3]], axis=1)
     return placed[placed[:, 1] <= offset + budget]
 
@@ -79,11 +80,6 @@ class ErnieCorpusBase(PretrainingDataset):
         self.random_ids = np.flatnonzero(~special)
         self.is_special = special  # table lookup per token: cheaper than np.isin per sample
         self.spans = [CorpusSpans(c) for c in self.corpora] if spans else None
-
-    @property
-    def cums(self) -> list[np.ndarray]:
-        """Each corpus's token offsets (mapped views; a property so that pickling to workers never copies them)."""
-        return [b.cum for b in self.builders]
 
     def level_at(self, step: int) -> str:
         return self.fixed_level or self.km.level_at(step)
@@ -125,7 +121,8 @@ class ErnieCorpusBase(PretrainingDataset):
         ids = np.concatenate([[self.tok.cls_id], toks, [self.tok.sep_id]]).astype(np.int64)
         spans = np.zeros((0, 3), np.int64)
         if self.spans is not None and level != "basic":
-            spans = place_chunk_spans(self.spans[c].range(start, end), start, self.cums[c], 1, len(toks))
+            spans = place_chunk_spans(self.spans[c].range(start, end), start, self.corpora[c].offsets(start, end), 1,
+                                      len(toks))
         return ids, spans
 
     def corpus_row(self, c: int, sample_id: int, level: str, rng) -> tuple[dict, int, int]:
