@@ -18,12 +18,15 @@ It prints the two tables of BENCHMARKS.md ("Trainer") as they appear there, memo
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -99,16 +102,18 @@ def worker(args) -> dict:
         from trainer import engine
         from trainer.config import config_from_dict
         _, world = engine.init_distributed(10)
+        scratch = Path(tempfile.mkdtemp(prefix="bench_zero_"))  # this rank's own files, whatever else runs
+        atexit.register(shutil.rmtree, scratch, True)
         ds_json = REPO / "ds_configs" / f"zero{args.stage}.json"
         if args.small_buckets:  # memory runs: 1M-element buckets, so communication buffers do not hide the states
             conf = json.loads(ds_json.read_text())
             for key in ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size"):
                 if key in conf["zero_optimization"]:
                     conf["zero_optimization"][key] = 1_000_000
-            ds_json = Path(f"/tmp/bench_trainer_zero{args.stage}_{os.getpid()}.json")
+            ds_json = scratch / f"zero{args.stage}.json"
             ds_json.write_text(json.dumps(conf))
         run_cfg = config_from_dict({  # model, data and objective sections are not read here, but the schema wants them
-            "run_dir": "/tmp/bench_trainer", "model": cfg.model_dump(), "data": {"corpora": [{"prefix": "unused"}]},
+            "run_dir": str(scratch / "run"), "model": cfg.model_dump(), "data": {"corpora": [{"prefix": "unused"}]},
             "objective": {"name": "mlm"},
             "train": {"steps": 10, "global_batch_size": micro * world, "micro_batch_size": micro},
             "optim": {"lr": 1e-4}, "deepspeed": {"config": str(ds_json)}})

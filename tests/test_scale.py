@@ -116,9 +116,10 @@ def test_block_built_index_equals_the_one_shot_reference(ragged, tmp_path, fmt, 
     T, short, seed = 48, 0.3, 17
     chunks, sizes = reference_index(corpus, fmt, T, short, seed, pack)
     packed = fmt == "doc-sentences" and pack
-    for block in (1, 7, 1 << 20):  # blocks smaller than a chunk, unaligned with shards, and one block per shard
-        got = build_index(corpus, fmt, T, short, seed, pack, block=block)
-        assert np.array_equal(got.chunks, chunks), (fmt, block)
+    # blocks smaller than a chunk, unaligned with shards, and one block per shard; the walk interpreted and compiled
+    for block, compiled in ((1, False), (7, False), (1 << 20, False), (1, True), (7, True), (1 << 20, True)):
+        got = build_index(corpus, fmt, T, short, seed, pack, block=block, compiled=compiled)
+        assert np.array_equal(got.chunks, chunks), (fmt, block, compiled)
         if packed:
             assert np.array_equal(np.diff(got.row_ptr), sizes)
     # the file the trainer maps: built by 3 worker processes, equal to the in-memory build
@@ -364,14 +365,16 @@ def test_sidecar_row_pointers_are_written_at_annotation_and_old_sidecars_still_r
 
 
 def test_scalar_and_vectorised_targets_agree():
-    from trainer.data.index_kernels import target1
+    from trainer.data.index_kernels import kernels
     from trainer.data.sample_index import Layout, mix64
 
     lay = Layout("segment-pair", 128, 0.3, 77, False)
     s = np.arange(10**9, 10**9 + 5000)
     t = sentence_targets(77, s, lay.budget, 0.3)
     seed_mix = mix64(np.array([77], np.uint64))[0]
-    assert [target1(int(x), seed_mix, lay.budget, 0.3) for x in s] == t.tolist()
+    for compiled in (False, True):
+        target1 = kernels(0, compiled).target1
+        assert [target1(int(x), seed_mix, lay.budget, 0.3) for x in s] == t.tolist()
     assert 0.25 < np.mean(t < lay.budget) < 0.35 and t.min() >= 2 and t.max() == lay.budget
 
 

@@ -8,15 +8,22 @@ is a few ns per sentence. No library has this walk (megatron-core's C++ ``build_
 drops documents with a sentence over 512 tokens, never crosses documents and shuffles its output), so we write the
 loop and let numba compile it: a library on PyPI for all our platforms, no compiler needed at install, and the
 compiled code is cached on disk (``cache=True``: ``__pycache__`` beside this file, or numba's user cache when that
-is read-only), so a process pays the ~2 s compilation once per machine and then ~0.1 s to load it.
+is read-only), so a process pays the ~5 s compilation once per machine.
 
-Everything here is imported lazily by sample_index.py's builder (numba's import costs ~0.5 s), never by a rank that
-only maps a prebuilt index.
+Loading the compiled code still costs a process 1-4 s (numba's import and LLVM), more than a small shard's walk
+takes in plain Python (~5 µs per sentence: the functions below are ordinary Python that numba compiles unchanged),
+so ``kernels(n)`` runs shards of fewer than ``COMPILE_FROM`` sentences as Python and compiles for larger ones: the
+same code either way (tests/test_scale.py checks both against a numpy reference). A rank that only maps a prebuilt
+index imports none of this.
 """
 from __future__ import annotations
 
+import functools
+from types import SimpleNamespace
+
 import numpy as np
-from numba import njit
+
+COMPILE_FROM = 200_000  # sentences in a shard: from here on the compiled walk is cheaper than loading it
 
 # modes of the walk
 FULL_SENTENCES, WITHIN_DOCUMENT, SENTENCE_PAIR = 0, 1, 2
@@ -26,7 +33,6 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-@njit(cache=True, nogil=True)
 def mix1(x):
     """splitmix64's finaliser on one uint64 (wrapping): sample_index.mix64 of one value."""
     x = x ^ (x >> np.uint64(30))
@@ -36,7 +42,6 @@ def mix1(x):
     return x ^ (x >> np.uint64(31))
 
 
-@njit(cache=True, nogil=True)
 def target1(sentence, seed_mix, budget, short_seq_prob):
     """sample_index.sentence_targets of one global sentence (``seed_mix`` = mix64(index_seed), precomputed)."""
     h = mix1(np.uint64(sentence) * _GOLDEN + seed_mix)
@@ -45,7 +50,6 @@ def target1(sentence, seed_mix, budget, short_seq_prob):
     return np.int64(budget)
 
 
-@njit(cache=True, nogil=True)
 def walk(lengths, docs, first, s, d, stop, mode, budget, min_sent, min_tail, keep_min, seed_mix, short_seq_prob,
          out, row_tokens):
     """Chunks of one shard from chain position ``s`` (shard-local; ``d``: its document, ``docs[d] <= s <
@@ -103,7 +107,6 @@ def walk(lengths, docs, first, s, d, stop, mode, budget, min_sent, min_tail, kee
     return k, s, d
 
 
-@njit(cache=True, nogil=True)
 def pack(row_tokens, T):
     """Next-fit packing of rows of ``row_tokens`` tokens into rows of at most ``T``: a row over half of ``T`` stays
     alone (emitted in place), the short ones fill the open row in order. -> (order of the rows, sizes of the packed
@@ -138,3 +141,45 @@ def pack(row_tokens, T):
         sizes[n_sizes] = n_held
         n_sizes += 1
     return order, sizes[:n_sizes].copy()
+
+
+_PYTHON = SimpleNamespace(mix1=mix1, target1=target1, walk=walk, pack=pack)
+
+
+@functools.cache
+def _compiled() -> SimpleNamespace:
+    """The functions compiled by numba (in dependency order: a compiled function calls the module-level names, so
+    each name is rebound to its compiled version before the functions that call it are compiled)."""
+    from numba import njit  # noqa: PLC0415
+
+    jit = njit(cache=True, nogil=True)
+    g = globals()
+    for name in ("mix1", "target1", "walk", "pack"):
+        g[name] = jit(getattr(_PYTHON, name))
+    return SimpleNamespace(**{name: g[name] for name in ("mix1", "target1", "walk", "pack")})
+
+
+class _Interpreted:
+    """The Python functions, with numpy's overflow warnings off (the hash wraps on purpose, as compiled code does)."""
+
+    @staticmethod
+    def walk(*args):
+        with np.errstate(over="ignore"):
+            return _PYTHON.walk(*args)
+
+    @staticmethod
+    def pack(*args):
+        return _PYTHON.pack(*args)
+
+    @staticmethod
+    def target1(*args):
+        with np.errstate(over="ignore"):
+            return _PYTHON.target1(*args)
+
+
+def kernels(sentences: int, compiled: bool | None = None):
+    """``walk``/``pack``/``target1`` for a shard of ``sentences``: compiled from ``COMPILE_FROM`` on (or as
+    ``compiled`` says)."""
+    if compiled is None:
+        compiled = sentences >= COMPILE_FROM
+    return _compiled() if compiled else _Interpreted

@@ -24,8 +24,8 @@ Worked example, budget 10 tokens, ``full-sentences``, sentence lengths ``[4, 3, 
 costs ``[4, 3, 6, 6, 3]``; chunks ``[0, 2)`` (7 tokens, adding sentence 2 would make 13) and ``[2, 4)`` (12 > 10:
 one sentence at least, so ``[2, 3)``), then ``[3, 5)``. With ``doc-sentences`` the walk stops at the document end.
 
-Building: shard by shard (in parallel worker processes, ``workers``), each shard in one compiled pass over its
-mapped ``.idx`` lengths (index_kernels.py), emitting ``block`` chunks at a time, so a builder holds one shard's
+Building: shard by shard (in parallel worker processes, ``workers``), each shard in one pass over its mapped
+``.idx`` lengths (index_kernels.py: compiled by numba for shards of 200k sentences or more), emitting ``block`` chunks at a time, so a builder holds one shard's
 chunks (~5 MB per 1M sentences at T = 128), whatever the corpus size; shard results are appended to the cache file in
 shard order (workers change only the speed). tests/test_scale.py checks the result against a one-shot numpy build
 over whole-corpus arrays. Why our own walk and not megatron-core's ``helpers.build_mapping``: that one silently drops
@@ -148,11 +148,12 @@ def load_or_build(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_se
 
 
 def build_index(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_prob: float, seed: int,
-                pack: bool = True, block: int = BLOCK) -> SampleIndex:
-    """The index in memory (tests, small corpora): the same blocks as ``write_index``, concatenated."""
+                pack: bool = True, block: int = BLOCK, compiled: bool | None = None) -> SampleIndex:
+    """The index in memory (tests, small corpora): the same blocks as ``write_index``, concatenated; ``compiled``
+    forces the walk compiled or interpreted (default: by shard size, index_kernels.kernels)."""
     layout = Layout(fmt, max_seq_length, short_seq_prob, seed, pack)
     _check(layout)
-    parts = [_shard_chunks((p, first, layout, block)) for p, first, _ in corpus.shards]
+    parts = [_shard_chunks((p, first, layout, block, compiled)) for p, first, _ in corpus.shards]
     chunks = np.concatenate([c for c, _ in parts]) if parts else np.zeros((0, 3), np.int64)
     _check_nonempty(corpus, layout, len(chunks))
     if not layout.packed:
@@ -256,11 +257,12 @@ def _shard_chunks(task) -> tuple[np.ndarray, np.ndarray]:
     """(chunks int64 [c, 3] in global sentence numbers, row sizes for packed doc-sentences) of one shard: the walk
     of index_kernels.py over the shard's mapped ``.idx`` lengths, ``block`` chunks at a time (the chain position
     carries over), so a builder holds the shard's chunks and one block of work memory."""
-    from . import index_kernels as K  # noqa: PLC0415 (numba: only builders import it)
+    from . import index_kernels as K  # noqa: PLC0415 (only builders need it)
 
-    prefix, first, layout, block = task
+    prefix, first, layout, block = task[:4]
     lengths, _, docs = idx_arrays(prefix)
     n = len(lengths)
+    run = K.kernels(n, task[4] if len(task) > 4 else None)
     docs = np.asarray(docs, np.int64)
     if len(docs) == 0 or docs[-1] != n:
         docs = np.concatenate([docs[:1] if len(docs) else [0], docs[1:][docs[1:] < n], [n]]).astype(np.int64)
@@ -271,12 +273,12 @@ def _shard_chunks(task) -> tuple[np.ndarray, np.ndarray]:
     parts, sizes = [], []
     s, d = 0, 0
     while s < n:
-        k, s, d = K.walk(lengths, docs, first, s, d, n, mode, layout.budget, layout.min_sent, layout.min_tail,
+        k, s, d = run.walk(lengths, docs, first, s, d, n, mode, layout.budget, layout.min_sent, layout.min_tail,
                          keep_min, seed_mix, float(layout.short_seq_prob), out, rows)
         parts.append(out[:k].copy())
         sizes.append(rows[:k].copy())
     chunks = np.concatenate(parts) if parts else np.zeros((0, 3), np.int64)
     if not layout.packed:
         return chunks, np.zeros(0, np.int64)
-    order, row_sizes = K.pack(np.concatenate(sizes) if sizes else np.zeros(0, np.int64), layout.max_seq_length)
+    order, row_sizes = run.pack(np.concatenate(sizes) if sizes else np.zeros(0, np.int64), layout.max_seq_length)
     return chunks[order], row_sizes
