@@ -388,3 +388,21 @@ def test_a_corpus_of_many_shards_fits_the_cache_header(tmp_path):
     index = load_or_build(corpus, "segment-pair", 32, 0.1, 1, False, CachePolicy(tmp_path / "c", workers=2))
     assert len(index) == 400 and read_header(index.path)["meta"]["samples"] == 400
     assert index.path.with_name(index.path.name + ".json").exists()
+
+
+@pytest.mark.parametrize("sentences", [2, 3000])
+def test_a_shard_whose_sentences_are_not_back_to_back_is_refused(tmp_path, sentences):
+    """``read`` slices a sentence range as one piece of the .bin: pointers that do not follow the lengths (a shard
+    not written by megatron-core's builder) are refused when the corpus cache is built, naming the shard."""
+    rng = np.random.default_rng(3)
+    docs = [[list(rng.integers(5, 90, int(rng.integers(1, 9)))) for _ in range(sentences // 2)] for _ in range(2)]
+    prefix = write_shards(docs, tmp_path / "bb", 100)
+    IndexedCorpus(prefix, CachePolicy(tmp_path / "ok"))  # as written: accepted
+    shard = f"{prefix}_00000"
+    lengths, pointers, _ = idx_arrays(shard)
+    n, at = len(lengths), 1 + 1024 * ((len(lengths) - 2) // 1024)  # a checked sentence (1, 1025, ... or the last)
+    with open(shard + ".idx", "r+b") as f:
+        f.seek(34 + 4 * n + 8 * at)  # its pointer, as if an earlier sentence had been written twice
+        f.write(np.int64(int(pointers[at]) + 2 * int(lengths[0])).tobytes())
+    with pytest.raises(ValueError, match="bb_00000.bin does not hold its sentences back to back"):
+        IndexedCorpus(prefix, CachePolicy(tmp_path / "bad"))

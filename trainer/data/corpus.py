@@ -258,11 +258,14 @@ def _check_back_to_back(shard: _Shard, lengths: np.ndarray, pointers: np.ndarray
     """``read`` slices a sentence range as one piece of the ``.bin``, which needs the sentences back to back as
     megatron-core's builder writes them: checked once, at the cache build, on every 1024th sentence and the last (a
     builder that reorders writes shows up there; checking all of them would read 8 bytes per sentence more)."""
-    if len(lengths) == 0:
+    n = len(lengths)
+    if n < 2:
         return
-    offsets = np.cumsum(lengths, dtype=np.int64)
-    check = np.unique(np.r_[np.arange(1, len(offsets), 1024), len(offsets) - 1])
-    check = check[check > 0]
-    if len(check) and not np.array_equal(pointers[check], offsets[check - 1] * shard.dtype.itemsize):
+    # tokens before sentences 1, 1025, 2049, ... and before the last one: sums of 1024-sentence blocks (one read of
+    # the lengths, no per-sentence array)
+    check = np.arange(1, n, 1024)
+    sums = np.cumsum(np.add.reduceat(lengths, np.r_[0, check], dtype=np.int64))
+    want = np.r_[sums[:-1], sums[-1] - int(lengths[-1])]
+    if not np.array_equal(pointers[np.r_[check, n - 1]], want * shard.dtype.itemsize):
         raise ValueError(f"{shard.prefix}.bin does not hold its sentences back to back as the .idx pointers say; it "
                          "was not written by megatron-core's IndexedDatasetBuilder: rebuild the corpus")
