@@ -2,7 +2,7 @@
 and megatron-core's.
 
     python bench/scale.py [--sizes 1M,10M,100M,200M] [--workers N] [--format segment-pair] [--seq 128]
-                          [--old-max 100M] [--megatron-max 200M] [--out bench/out/scale]
+                          [--old-max 100M] [--megatron-max 200M] [--out bench/out/scale] [--parts open,megatron,old]
 
 Corpora (written once under --out, reused): megatron-core ``.idx`` files written directly with numpy in its layout,
 sparse ``.bin`` files (the tokens read are zeros: per-sample costs exclude disk reads), sentence lengths ~ 1 + Gamma
@@ -293,13 +293,15 @@ def measure(size: int, a, out: Path, old: Path | None) -> dict:
     common = {"prefix": str(prefix), "fmt": a.format, "seq": a.seq}
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         tmp = Path(tmp)
+        parts = set(a.parts.split(","))
         res["build_1"] = run_child("build", {**common, "cache": str(tmp / "c1"), "workers": 1})
         res["build_n"] = run_child("build", {**common, "cache": str(tmp / "cn"), "workers": a.workers})
-        res["open"] = run_child("open", {**common, "cache": str(tmp / "cn"), "workers": a.workers, "costs": True})
-        res["cold_open"] = run_child("open", {**common, "cache": str(tmp / "cold"), "workers": a.workers})
-        if size <= a.megatron_max:
+        if "open" in parts:
+            res["open"] = run_child("open", {**common, "cache": str(tmp / "cn"), "workers": a.workers, "costs": True})
+            res["cold_open"] = run_child("open", {**common, "cache": str(tmp / "cold"), "workers": a.workers})
+        if size <= a.megatron_max and "megatron" in parts:
             res["megatron"] = run_child("megatron", {**common, "cache": str(tmp / "cn")})
-        if old is not None and size <= a.old_max:
+        if old is not None and size <= a.old_max and "old" in parts:
             res["old_build"] = run_child("old-build", {**common, "cache": str(tmp / "old")}, old)
             res["old_open"] = run_child("open", {**common, "cache": str(tmp / "old"), "workers": 1, "old": True,
                                                  "costs": size <= 10_000_000}, old)
@@ -315,7 +317,7 @@ def report(r: dict, workers: int) -> str:
         return fmt.format(d) if isinstance(d, (int, float)) else str(d)
 
     lines = [f"== {r['sentences']:,} sentences =="]
-    b1, bn, op, co = r["build_1"], r["build_n"], r["open"], r["cold_open"]
+    b1, bn, op, co = r["build_1"], r["build_n"], r.get("open", {}), r.get("cold_open", {})
     lines.append(f"new build (corpus arrays + index): 1 worker {g(b1, 'total_s')} s (index {g(b1, 'index_s')} s, "
                  f"CPU {g(b1, 'cpu_s')} s), "
                  f"{workers} workers {g(bn, 'total_s')} s; peak RSS builder {gb(b1.get('peak', {}).get('self'))}, "
@@ -354,7 +356,7 @@ def report(r: dict, workers: int) -> str:
 
 def extrapolate(r: dict, workers: int, target: int = 2_000_000_000) -> str:
     f = target / r["sentences"]
-    bn, b1, op = r["build_n"], r["build_1"], r["open"]
+    bn, b1, op = r["build_n"], r["build_1"], r.get("open", {})
     parts = [f"== extrapolated to {target / 1e9:.0f}B sentences (x{f:.0f} from {r['sentences']:,}) =="]
     if "total_s" in bn:
         parts.append(f"build: {b1['total_s'] * f / 60:.1f} min with 1 worker, {bn['total_s'] * f / 60:.1f} min with "
@@ -380,6 +382,8 @@ def main(argv=None) -> int:
     p.add_argument("--old-max", default="100M", help="largest size to run the previous implementation on")
     p.add_argument("--megatron-max", default="200M")
     p.add_argument("--out", default=str(REPO / "bench" / "out" / "scale"))
+    p.add_argument("--parts", default="open,megatron,old",
+                   help="measurements besides the builds (a comma list of open, megatron, old)")
     p.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a._child:

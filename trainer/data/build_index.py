@@ -28,7 +28,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, as for trainer.pretrain (e.g. --set data.cache_dir=/lustre/cache)")
     p.add_argument("--workers", type=int, default=None,
-                   help="processes building shards in parallel (default: the CPUs of this machine, at most 16)")
+                   help="threads building shards in parallel (default: the CPUs of this machine, at most 16)")
     args, _ignored = p.parse_known_args(argv)
     return args
 

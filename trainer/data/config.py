@@ -79,7 +79,7 @@ class DataConfig(BaseModel):
     """seed of the sample layout's randomness (short-sequence targets); separate from the training seed so that a
     new training seed reuses the index (the order of samples follows the training seed)"""
     index_workers: int = Field(0, ge=0)
-    """processes building a missing sample index at training start (0: the CPUs of the node, at most 16); the
+    """threads building a missing sample index at training start (0: the CPUs of the node, at most 16); the
     offline builder takes --workers instead"""
     index_wait_timeout: float = Field(3600.0, gt=0)
     """seconds the ranks other than 0 wait for rank 0 to finish a missing index before failing with its path"""
