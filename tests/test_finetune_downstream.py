@@ -42,23 +42,19 @@ def documents(corpus: Path) -> list[list[str]]:
 
 
 def markdown_lines() -> list[str]:
-    """The repository's own documentation (README, DESIGN, BENCHMARKS, docs/): lines of >= 5 words, markup
-    stripped."""
-    out = []
-    for path in sorted([*REPO.glob("*.md"), *(REPO / "docs").glob("*.md")]):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            text = " ".join(line.replace("`", "").replace("*", "").replace("|", " ").lstrip("#-> ").split())
-            if len(text.split()) >= 5:
-                out.append(text)
-    return out
+    """The project's own documentation as it stood on 2026-12-03 (tests/data/project_docs.txt: lines of >= 5 words
+    of README, DESIGN, BENCHMARKS and docs/, markup stripped). A frozen copy, not the live files: read live, every
+    edit of the docs changed the central test's task and its figures (issue 16: random init went from 0.487 to 0.81
+    on the same code)."""
+    return (REPO / "tests" / "data" / "project_docs.txt").read_text(encoding="utf-8").splitlines()
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, en_corpus):
-    """Pretraining text: every other document of the English corpus (Python's docstrings) and every other line of the
-    repository's own documentation; tokenizer and shards of it. Tasks come from the rest: ``source`` (SST-2's layout:
-    which of the two a sentence comes from; 32 training, 300 dev examples) and ``rte`` (are two lines of a docstring
-    document in order)."""
+    """Pretraining text: every other document of the English corpus (Python's docstrings) and every other block of 10
+    lines of the project's documentation (``markdown_lines``); tokenizer and shards of it. Tasks come from the rest:
+    ``source`` (SST-2's layout: which of the two a sentence comes from; 32 training, 300 dev examples) and ``rte``
+    (are two lines of a docstring document in order)."""
     out = tmp_path_factory.mktemp("downstream")
     py, md = documents(en_corpus), markdown_lines()
     pre = py[0::2] + [md[i:i + 10] for i in range(0, len(md), 20)]
@@ -201,9 +197,20 @@ def test_pretraining_helps_fine_tuning(corpus, tmp_path):
     pre, rnd = scores["false"], scores["true"]
     figures = f"pretrained {pre}, random init {rnd} (dev accuracy per seed 1234-1236)"
     print(figures)
-    # measured 2026-12-03 on the finetune branch: pretrained 0.487 0.707 0.797, random init 0.487 x 3. After merging
-    # the data-order (issue 14) and GPU-path (issue 15) work: pretrained 0.72 0.60 0.69, random init 0.81 0.82 0.80:
-    # the margin does not hold at this size. Reported as a known gap (issue 16 stays open), never hidden.
+    # Measured 2026-12-03 (issue 16). On the finetune branch: pretrained 0.487 0.707 0.797, random init 0.487 x 3; on
+    # merged main, with the same code for this path (re-run on that branch's corpus and checkpoint it gives those very
+    # figures): pretrained 0.72 0.60 0.69, random init 0.81 0.82 0.80. What changed is the task, not the code: class 1
+    # was read from the live README/DESIGN/BENCHMARKS, which grew with every merge. Bag-of-words logistic regression
+    # on the 32 training sentences scores 0.49-0.53 on the old dev split and 0.68-0.70 on the new one, length/digits/
+    # punctuation alone 0.54 vs 0.65: the new task is solved from surface cues, so random init no longer collapses to
+    # one class (the old training split was 20/12, the new 16/16). The checkpoint's weights reach the model intact
+    # (test_trainer_checkpoint_weights_reach_the_classifier). Other pretraining runs do no better: the old code's
+    # pretraining on today's corpus 0.78 0.75 0.74; 1,200 steps (micro-batch 16, ZeRO-0) 0.84 0.81 0.76; MLM is still
+    # near its unigram plateau (loss ~5.6, accuracy ~0.08 at step 400). Other tasks from the same text do no better:
+    # a same-document pair task and RTE-style sentence order stay at chance from either init; CoLA-style word order
+    # gives Matthews 0.05-0.12 against 0.0 from random init for two checkpoints, 0.0 for a third. The docs are now a
+    # frozen copy (tests/data/project_docs.txt; same figures as the live docs of bde5026), so these figures no longer
+    # move with the docs. The margin does not hold at this size: a known gap, never hidden.
     try:
         assert statistics.median(pre) - statistics.median(rnd) > 0.10, figures
         assert sum(p > max(rnd) for p in pre) >= 2, figures
