@@ -92,22 +92,30 @@ def finetune(*args: str, ranks: int = 1) -> subprocess.CompletedProcess:
     return run([*launcher, "trainer.finetune", *args])
 
 
-def test_trainer_checkpoint_weights_reach_the_classifier(corpus, tmp_path):
+@pytest.fixture(scope="module")
+def short_run(corpus, tmp_path_factory) -> Path:
+    """A 4-step tiny BERT pretraining run with its step-4 checkpoint (ZeRO-2, fp32, one rank, as the recipe saves);
+    shared by the tests that only read it."""
+    run_dir = tmp_path_factory.mktemp("short_run") / "pre"
+    pretrain(corpus, run_dir, 4, "--set", "checkpoint.every_steps=4", "--set", "logging.tensorboard=false")
+    return run_dir
+
+
+def test_trainer_checkpoint_weights_reach_the_classifier(short_run):
     """A trainer checkpoint (ZeRO-2, as the recipe saves it) gives the classifier every encoder tensor and the NSP
     pooler bit for bit, read independently here from DeepSpeed's own module file; no key is dropped, renamed or
     re-initialised, and only the task classifier is new. From scratch the same architecture shares none of them."""
     import torch
 
     from trainer.finetune.model import build_classifier, load_source
-    pretrain(corpus, tmp_path / "pre", 3, "--set", "checkpoint.every_steps=3", "--set", "logging.tensorboard=false")
-    tag = tmp_path / "pre" / "checkpoints" / "global_step3"
+    tag = short_run / "checkpoints" / "global_step4"
     # fp32 ZeRO-2 on one rank: the module file holds the trained fp32 weights themselves
     saved = torch.load(tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
     expected = {k: v for k, v in saved.items() if k.startswith("encoder.")}
     expected.update({k.replace("heads.nsp.", "head."): v for k, v in saved.items()
                      if k.startswith("heads.nsp.pooler.")})
-    source = load_source(tmp_path / "pre" / "checkpoints")
-    assert (source.kind, source.step) == ("checkpoint", 3)
+    source = load_source(short_run / "checkpoints")
+    assert (source.kind, source.step) == ("checkpoint", 4)
     model = build_classifier(source, 2, dropout=None, classifier_dropout=0.1).state_dict()
     new = {"head.classifier.weight", "head.classifier.bias"}
     assert set(model) - set(expected) == new and set(expected) <= set(model)
@@ -115,15 +123,14 @@ def test_trainer_checkpoint_weights_reach_the_classifier(corpus, tmp_path):
         assert torch.equal(model[key], value), key
     scratch = build_classifier(source, 2, dropout=None, classifier_dropout=0.1, from_scratch=True).state_dict()
     differ = [k for k in expected if not torch.equal(scratch[k], expected[k])]
-    # LayerNorm biases stay 0 in 3 steps of a tiny lr warmup only by chance; every weight matrix must differ
+    # LayerNorm biases stay 0 in 4 steps of a tiny lr warmup only by chance; every weight matrix must differ
     assert {k for k in expected if k.endswith(".weight") and "norm" not in k} <= set(differ), differ
 
 
 @pytest.mark.multiproc
-def test_two_ranks_under_torchrun_equal_one_rank(corpus, tmp_path):
+def test_two_ranks_under_torchrun_equal_one_rank(corpus, short_run, tmp_path):
     """Same global batch (16) as 2 ranks x 8 or 1 rank x 8 x 2 accumulated: same losses, same dev predictions."""
-    pretrain(corpus, tmp_path / "pre", 4, "--set", "checkpoint.every_steps=4", "--set", "logging.tensorboard=false")
-    common = ["--checkpoint", str(tmp_path / "pre" / "checkpoints"), "--task", "rte", "--data", str(corpus / "rte"),
+    common = ["--checkpoint", str(short_run / "checkpoints"), "--task", "rte", "--data", str(corpus / "rte"),
               "--set", "train.dropout=0.0", "--set", "train.classifier_dropout=0.0", "--set", "train.epochs=2",
               "--set", "train.global_batch_size=16", "--set", "train.micro_batch_size=8", "--set", "optim.lr=1e-3"]
     finetune(*common, "--set", f"run_dir={tmp_path / 'one'}")
