@@ -22,11 +22,11 @@ vocabulary and tokenizer_config.json (transformers 5 rebuilds rather than readin
 AutoTokenizer gives our ids. Trainers are fed from an iterator of lines: memory follows the number of distinct
 words (HF trainers) or is capped at ``--spm-sentences`` sampled lines (SentencePiece), not the corpus size.
 
-Reproducibility: bbpe and unigram give byte-identical folders (same fingerprint) for the same command and input.
-wordpiece and zh do not quite: HF's WordPieceTrainer numbers its "##" alphabet in hash-map order and breaks ties
-between equally frequent merges by those numbers (huggingface/tokenizers#1794, fix proposed in PR #2066), so a
-rerun can swap a rare token or two at the vocabulary's edge. We renumber the result in sorted order, so the same
-token set always gets the same ids. Shards record the fingerprint of the folder they were built with; keep it.
+Reproducibility: every kind gives byte-identical folders (same fingerprint) for the same command and input.
+HF's WordPieceTrainer alone does not (it numbers its "##" tokens in hash-map order and breaks ties between equally
+frequent merges by those numbers: huggingface/tokenizers#1794, fix proposed in PR #2066), so wordpiece and zh train
+in two passes that fix those numbers first (``train_wordpiece``), and the result is renumbered in sorted order.
+Shards record the fingerprint of the folder they were built with; keep it.
 """
 from __future__ import annotations
 
@@ -155,24 +155,65 @@ def _ordered_specials(kind: Kind) -> list[str]:
     return [kind.specials[role] for role in kind.id_order]
 
 
-def train_wordpiece(lines: Iterable[str], kind_name: str, vocab_size: int, lowercase: bool):
-    """BERT's pipeline (as transformers' BertTokenizer builds it) trained with HF's WordPieceTrainer."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+def train_wordpiece(lines: Iterable[str], kind_name: str, vocab_size: int, lowercase: bool,
+                    probe_lines: Iterable[str] | None = None):
+    """BERT's pipeline (as transformers' BertTokenizer builds it) trained with HF's WordPieceTrainer.
+
+    HF's trainer is not deterministic (huggingface/tokenizers#1794, fix proposed in PR #2066, not in 0.23): it gives
+    the "##x" continuation tokens their ids in the iteration order of a randomly seeded hash map, and breaks ties
+    between equally frequent merges by pair ids, so two runs on the same text pick different merges (measured on
+    4,000 docstring lines at 3,000 tokens: 6-11 of 3,000 tokens differ between any two runs, and every seeded
+    training run on such a tokenizer gives other numbers). Its ids for tokens that already exist when the words are
+    split are stable, though: special tokens first, in the order given. So with ``probe_lines`` (the same lines
+    again; each iteration reads them anew) a first pass learns the character alphabet and the set of "##x" tokens
+    (a set, independent of hash order), and the real pass gets those "##x" as extra special tokens, in sorted order,
+    and the alphabet as its initial alphabet: every id the merges compare is then fixed, and so is the vocabulary.
+    The extra special tokens are ordinary tokens of the result (the same ones the trainer would have made itself).
+    Cost: the input is read and its words counted twice (the first pass makes no merges): 2.2-2.5 s of CPU against
+    1.5 s for one pass on the 1.7 MB docstring corpus at 8,000 tokens (2026-12-03, machine under load)."""
+    from tokenizers import trainers
 
     kind = KINDS[kind_name]
-    tok = Tokenizer(models.WordPiece(unk_token=kind.specials["unk"]))
+    specials = _ordered_specials(kind)
+    cap = {} if kind_name == "zh" else {"limit_alphabet": WORDPIECE_ALPHABET_LIMIT}
+    extra, alphabet = [], []
+    if probe_lines is not None:
+        probe = _wordpiece_pipeline(kind, lowercase, None)
+        probe.train_from_iterator(probe_lines, trainers.WordPieceTrainer(
+            vocab_size=1, min_frequency=MIN_FREQUENCY, special_tokens=specials, continuing_subword_prefix="##",
+            show_progress=False, **cap))
+        found = probe.get_vocab(with_added_tokens=False)
+        extra = sorted(t for t in found if t.startswith("##") and len(t) == 3)
+        alphabet = sorted(t for t in found if len(t) == 1 and t not in specials)
+        # the alphabet the probe kept is exactly WORDPIECE_ALPHABET_LIMIT characters or fewer: given as the initial
+        # alphabet, it is kept whole and nothing else is (HF ranks initial characters above every counted one)
+    scratch = _wordpiece_pipeline(kind, lowercase, None)
+    scratch.train_from_iterator(lines, trainers.WordPieceTrainer(
+        vocab_size=vocab_size, min_frequency=MIN_FREQUENCY, special_tokens=specials + extra,
+        continuing_subword_prefix="##", show_progress=False, initial_alphabet=alphabet, **cap))
+    # a fresh tokenizer: the scratch one holds the extra "##x" as added special tokens, which would split text
+    return _wordpiece_pipeline(kind, lowercase, _canonical_wordpiece_vocab(
+        scratch.get_vocab(with_added_tokens=False), len(specials)))
+
+
+def _wordpiece_pipeline(kind: Kind, lowercase: bool, vocab: dict[str, int] | None):
+    """BERT's normalizer, pre-tokenizer, decoder (and, given a vocabulary, its special tokens and [CLS]/[SEP]
+    template) around a WordPiece model."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    unk = kind.specials["unk"]
+    tok = Tokenizer(models.WordPiece(unk_token=unk) if vocab is None else
+                    models.WordPiece(vocab, unk_token=unk, continuing_subword_prefix="##"))
     # strip_accents=None follows `lowercase`, as in the original BERT (uncased strips accents, cased keeps them).
     tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
                                                 lowercase=lowercase)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix="##")
-    cap = {} if kind_name == "zh" else {"limit_alphabet": WORDPIECE_ALPHABET_LIMIT}
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=MIN_FREQUENCY,
-                                        special_tokens=_ordered_specials(kind), continuing_subword_prefix="##",
-                                        show_progress=False, **cap)
-    tok.train_from_iterator(lines, trainer)
-    tok.model = models.WordPiece(_canonical_wordpiece_vocab(tok.get_vocab(with_added_tokens=False), len(kind.specials)),
-                                 unk_token=kind.specials["unk"], continuing_subword_prefix="##")
+    if vocab is None:
+        return tok
+    # as HF's train() adds the trainer's special tokens: whole, unnormalized, special
+    tok.add_special_tokens([AddedToken(t, single_word=False, lstrip=False, rstrip=False, normalized=False,
+                                       special=True) for t in _ordered_specials(kind)])
     cls, sep = kind.specials["cls"], kind.specials["sep"]
     tok.post_processor = processors.TemplateProcessing(
         single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
@@ -400,7 +441,9 @@ def main(argv: list[str] | None = None) -> int:
                         progress=not args.quiet and sys.stderr.isatty())
         spm_model = None
         if args.kind in ("wordpiece", "zh"):
-            tok = train_wordpiece(feed, args.kind, vocab_size, lowercase)
+            # the same lines again, read anew, for the first of the two passes that make training deterministic
+            probe = LineFeed(args.input, json_key=args.json_key, limit_bytes=args.limit_bytes, progress=False)
+            tok = train_wordpiece(feed, args.kind, vocab_size, lowercase, probe_lines=probe)
         elif args.kind == "bbpe":
             tok = train_bbpe(feed, vocab_size)
         else:

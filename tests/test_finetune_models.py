@@ -82,14 +82,18 @@ def make_source(work: Path, family: str) -> tuple[Path, torch.nn.Module]:
 
 @pytest.fixture
 def clean_env():
-    """In-process runs make their own 1-rank process group and set RANK/MASTER_PORT...: restore the environment."""
+    """In-process runs make their own 1-rank process group: the environment after them is the one before (issue 12:
+    RANK/WORLD_SIZE/MASTER_PORT left behind reached every later test's launchers)."""
     saved = dict(os.environ)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: one thread is faster than two contending on a shared machine
     yield
-    os.environ.clear()
-    os.environ.update(saved)
     torch.set_num_threads(threads)
+    launch = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    left = {k: (saved.get(k), os.environ.get(k)) for k in launch if saved.get(k) != os.environ.get(k)}
+    os.environ.clear()
+    os.environ.update(saved)  # (imports set some process-wide variables on purpose: scikit-learn's KMP_*, ...)
+    assert not left, f"fine-tuning in-process left these in os.environ (before, after): {left}"
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -253,3 +253,15 @@ def test_fp16_skips_the_scaler_cannot_handle_still_stop_the_run(tmp_path):
     bf16_guard = [(False, 1.0, 7.0)] * 7  # bf16: every skip is the non-finite guard's
     with pytest.raises(NonFiniteLossError, match="5 steps in a row"):
         run_fake(tmp_path, bf16_guard, fp16=False).train()
+
+
+def test_what_a_single_process_init_writes_into_the_environment_is_put_back(fake_cuda, monkeypatch):
+    """Issue 12: an in-process run (a test, a notebook, fine-tuning) left RANK=0, WORLD_SIZE=1, MASTER_PORT... in
+    os.environ, inherited by every launcher the process started afterwards."""
+    fake_cuda(1)
+    monkeypatch.setenv("MASTER_ADDR", "10.9.8.7")  # the user's own value comes back, not just an absence
+    assert eng.init_distributed(1) == (0, 1)
+    assert os.environ["RANK"] == "0" and os.environ["MASTER_ADDR"] == "127.0.0.1" and "MASTER_PORT" in os.environ
+    eng.restore_environment()
+    assert os.environ["MASTER_ADDR"] == "10.9.8.7"
+    assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"} & set(os.environ)

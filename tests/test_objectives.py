@@ -373,6 +373,10 @@ def test_tiny_albert_with_sop_and_ngram_masking_learns(small_vocab):
 
     # Held on the old fortunes corpus (0.53 -> 0.67), probably through its "-- Author" last lines; on the docstring
     # corpus the SOP head stays at the prior (seeds 0/1/2 at 300 steps, seeds 0/1 at 1,000): reported, not hidden.
+    # Not a data bug (pairs, swap rate and labels: tests/test_samples.py): at seed 0 the held-out SOP loss is
+    # 0.692 -> 0.692 with accuracy at the majority class (0.527) after 300 and after 2,000 steps (lr 1e-3), and the
+    # BERT tiny preset does the same at 1,000 steps, while MLM falls 6.0 -> 5.0; segment order in docstrings carries
+    # too little signal for a tiny model within any test budget (measured 2026-12-03).
     try:
         sop_learns()
     except AssertionError as err:

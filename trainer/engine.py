@@ -46,6 +46,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Launch variables init_distributed wrote itself (no launcher, or srun without one), with their values before: put
+# back by restore_environment, so that a process that ran training in-process (a test, a notebook, fine-tuning)
+# does not hand RANK=0/WORLD_SIZE=1/MASTER_PORT to the launchers it starts later (torchrun overrides them, but
+# mpirun, srun and deepspeed's launcher would read them as their own, and every later child inherits them).
+_SAVED_ENV: dict[str, str | None] = {}
+
+
+def _set_env(**values: str) -> None:
+    for k, v in values.items():
+        _SAVED_ENV.setdefault(k, os.environ.get(k))
+        os.environ[k] = v
+
+
+def restore_environment() -> None:
+    """Undo what init_distributed wrote into os.environ (nothing when a launcher set the variables)."""
+    while _SAVED_ENV:
+        k, v = _SAVED_ENV.popitem()
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def init_distributed(timeout_minutes: float) -> tuple[int, int]:
     """Join (or, without a launcher, create) the process group; returns (rank, world size).
 
@@ -62,13 +85,13 @@ def init_distributed(timeout_minutes: float) -> tuple[int, int]:
         if "MASTER_ADDR" not in os.environ:
             raise RuntimeError("srun without a launcher: set MASTER_ADDR to the first node's address (scontrol show "
                                "node $(scontrol show hostnames | head -1) | grep NodeAddr)")
-        os.environ.update(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=os.environ["SLURM_STEP_NUM_TASKS"],
-                          LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"))
-        os.environ.setdefault("MASTER_PORT", str(29500 + int(os.environ.get("SLURM_JOB_ID", "0")) % 1000))
+        _set_env(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=os.environ["SLURM_STEP_NUM_TASKS"],
+                 LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"))
+        if "MASTER_PORT" not in os.environ:
+            _set_env(MASTER_PORT=str(29500 + int(os.environ.get("SLURM_JOB_ID", "0")) % 1000))
         launched = True
     if not launched:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
+        _set_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     if get_accelerator().device_name() != "cpu":
         # This rank's GPU, before the process group and before any CUDA allocation (the optimizer is built before
         # deepspeed.initialize): otherwise every rank opens a context on GPU 0 (~0.5 GB each; fatal when the GPUs
@@ -86,6 +109,7 @@ def shutdown() -> None:
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+    restore_environment()
 
 
 def local_rank() -> int:

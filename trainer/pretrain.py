@@ -123,6 +123,7 @@ def run(args, cfg: RunConfig) -> int:
     finally:
         if lock is not None:
             lock.release()
+        engine.restore_environment()  # also after a failure (shutdown() restores it after a finished run)
 
 
 def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_accum: int, device: str) -> int:

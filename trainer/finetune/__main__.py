@@ -103,6 +103,10 @@ def main(argv=None) -> int:
         print(f"rank {os.environ.get('RANK', '0')}: fine-tuning failed:\n{traceback.format_exc()}", file=sys.stderr,
               flush=True)
         return EXIT_ERROR
+    finally:
+        # the group stays up (below); what init_distributed wrote into os.environ is not left behind
+        from trainer.engine import restore_environment
+        restore_environment()
 
 
 def train_and_report(args, configs, spec, splits, source, tokenizer) -> int:
