@@ -6,6 +6,8 @@
   lines of one document, the other label = the same two swapped (MNLI adds "other" = a line of another document).
 - ``write_sts``: STS-B's layout, score = 5 x the share of words the two lines have in common (regression).
 - ``write_sst``: SST-2's layout: label 1 when the line contains a question mark.
+- ``topic_language``/``write_topic_task``: a generated language of two topics, and SST-2's layout over it where the
+  training sentences use one half of each topic's words and the held-out ones only the other half (below).
 """
 from __future__ import annotations
 
@@ -122,4 +124,60 @@ def write_sst(docs, out: Path, n_train: int, n_dev: int, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for name, part in zip(("train", "dev"), _split(sents, n_train, n_dev)):
         (out / f"{name}.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{int('?' in s)}\n" for s in part))
+    return out
+
+
+def _pseudo_words(rng: random.Random, n: int, taken: set) -> list[str]:
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+    out = []
+    while len(out) < n:
+        w = "".join(rng.choice(syllables) for _ in range(rng.choice((2, 3))))
+        if w not in taken:
+            taken.add(w)
+            out.append(w)
+    return out
+
+
+def topic_language(seed: int = 0, topics: int = 2, topic_words: int = 16, function_words: int = 8):
+    """A generated language: ``topics`` disjoint sets of content words and shared function words, all pseudo-words
+    made of syllables (no surface cue tells one topic from the other). A sentence of a topic interleaves function
+    words with 6-10 of its topic's words, drawn from all of them. -> (words per topic, function words)."""
+    rng, taken = random.Random(seed), set()
+    function = _pseudo_words(rng, function_words, taken)
+    return [_pseudo_words(rng, topic_words, taken) for _ in range(topics)], function
+
+
+def topic_sentence(rng: random.Random, content: list[str], function: list[str]) -> str:
+    words = []
+    for _ in range(rng.randint(6, 10)):
+        words += [rng.choice(function), rng.choice(content)]
+    return " ".join(words[:rng.randint(len(words) - 1, len(words))]) + " ."
+
+
+def topic_documents(n_docs: int, seed: int = 1, language_seed: int = 0) -> list[list[str]]:
+    """Pretraining text: documents of 4-9 sentences of one topic each, every topic word in use."""
+    topics, function = topic_language(language_seed)
+    rng = random.Random(seed)
+    return [[topic_sentence(rng, topics[d % len(topics)], function) for _ in range(rng.randint(4, 9))]
+            for d in range(n_docs)]
+
+
+def write_topic_task(out: Path, n_train: int, n_dev: int, seed: int = 2, language_seed: int = 0) -> Path:
+    """SST-2's layout, label = the sentence's topic. Training sentences use only the first half of each topic's words,
+    held-out ones only the second half: fine-tuning never sees a held-out content word, so only what pretraining
+    learned about those words (that they occur with the first half's words of their topic) can classify them; from
+    random weights their embeddings carry nothing and held-out accuracy stays at chance."""
+    topics, function = topic_language(language_seed)
+    rng = random.Random(seed)
+    half = [len(t) // 2 for t in topics]
+    rows = {"train": [], "dev": []}
+    for split, n in (("train", n_train), ("dev", n_dev)):
+        for i in range(n):
+            label = i % len(topics)
+            words = topics[label][:half[label]] if split == "train" else topics[label][half[label]:]
+            rows[split].append((topic_sentence(rng, words, function), label))
+        rng.shuffle(rows[split])
+    out.mkdir(parents=True, exist_ok=True)
+    for split, part in rows.items():
+        (out / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in part))
     return out
