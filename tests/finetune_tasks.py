@@ -6,6 +6,7 @@
   lines of one document, the other label = the same two swapped (MNLI adds "other" = a line of another document).
 - ``write_sts``: STS-B's layout, score = 5 x the share of words the two lines have in common (regression).
 - ``write_sst``: SST-2's layout: label 1 when the line contains a question mark.
+- ``ordered_documents``: a generated language whose only signal is sentence order (the SOP test).
 - ``topic_language``/``write_topic_task``: a generated language of two topics, and SST-2's layout over it where the
   training sentences use one half of each topic's words and the held-out ones only the other half (below).
 """
@@ -181,3 +182,15 @@ def write_topic_task(out: Path, n_train: int, n_dev: int, seed: int = 2, languag
     for split, part in rows.items():
         (out / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in part))
     return out
+
+
+def ordered_documents(n_docs: int, seed: int = 3, language_seed: int = 0) -> list[list[str]]:
+    """A generated language whose only signal is sentence order: sentence i of a document opens with the i-th of 10
+    ordinal pseudo-words, then 5-8 filler words drawn uniformly from 60 (no topic, no other cue). Two segments of
+    a document are in order exactly when the first one's ordinals come before the second one's: what SOP predicts."""
+    lang = random.Random(language_seed + 100)
+    taken: set = set()
+    ordinals, filler = _pseudo_words(lang, 10, taken), _pseudo_words(lang, 60, taken)
+    rng = random.Random(seed)
+    return [[" ".join([ordinals[i]] + [rng.choice(filler) for _ in range(rng.randint(5, 8))]) + " ."
+             for i in range(rng.randint(4, 10))] for _ in range(n_docs)]
