@@ -220,3 +220,31 @@ def test_pretraining_helps_fine_tuning(topic_corpus, tmp_path):
     print(figures)
     assert max(rnd) < 0.65, f"the held-out words must be out of reach of fine-tuning alone: {figures}"
     assert min(pre) > 0.85 and statistics.median(pre) - statistics.median(rnd) > 0.25, figures
+
+
+def test_a_downstream_record_is_written_after_its_tensorboard_scalars(tmp_path, monkeypatch):
+    """A reader polls metrics.jsonl for the child's record (as the test above does, and as a dashboard would): when
+    the record appears, the TensorBoard event file must already hold the score (CI once saw the record of step 20
+    while its scalar was not yet written)."""
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    from trainer.finetune import downstream
+
+    seen = []
+    real_write = os.write
+
+    def write(fd, data):
+        if b'"downstream"' in data:  # the record: what does TensorBoard hold at this moment?
+            events = EventMultiplexer().AddRunsFromDirectory(str(tmp_path / "tensorboard"))
+            events.Reload()
+            seen.extend((e.step, e.value) for name in events.Runs()
+                        if "downstream/rte_accuracy" in events.GetAccumulator(name).Tags()["scalars"]
+                        for e in events.Scalars(name, "downstream/rte_accuracy"))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(downstream.os, "write", write)
+    summary = {"task": "rte", "pretraining_step": 20, "best": {"dev": {"accuracy": 0.625}}, "best_setting": "lr=1e-3"}
+    rec = downstream.report(tmp_path, summary)
+    assert rec["rte_accuracy"] == 0.625 and rec["step"] == 20
+    assert seen == [(20, 0.625)]
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["rte_accuracy"] == 0.625

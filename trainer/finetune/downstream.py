@@ -4,17 +4,18 @@
       downstream:
         - {task: rte, data: glue_data/RTE, every_steps: 10000, set: [optim.lr=3e-5]}
 
-At step s (a multiple of ``every_steps``) the run saves a checkpoint (if that step has none yet), and rank 0 copies
-it to ``RUN_DIR/downstream/global_step<s>/<task>/`` as hard links (no extra disk; the copy survives keep-last pruning
-of the original; a plain copy where hard links are impossible) and starts ``python -m trainer.finetune`` on the copy
-as a new process session with the launcher's rank variables removed, so it is a 1-process job of its own and the
-pretraining ranks never wait for it. The child writes its result record into ``RUN_DIR/metrics.jsonl`` (``"split":
+At step s (a multiple of ``every_steps``) the run saves a checkpoint (if that step has none yet), and rank 0 copies it
+to ``RUN_DIR/downstream/global_step<s>/<task>/`` as hard links (no extra disk; the copy survives keep-last pruning of
+the original; a plain copy where hard links are impossible) and starts ``python -m trainer.finetune`` on the copy as a
+new process session with the launcher's rank variables removed, so it is a 1-process job of its own and the
+pretraining ranks never wait for it. The child deletes its copy, writes TensorBoard (``downstream/<task>_<metric>``,
+its own event file in ``RUN_DIR/tensorboard``), and last its result record into ``RUN_DIR/metrics.jsonl`` (``"split":
 "downstream"``, ``step`` = the pretraining step, ``<task>_<metric>`` = the median score; one ``O_APPEND`` write of a
-line, which does not interleave with the trainer's own line writes on a local or Lustre filesystem) and TensorBoard
-(``downstream/<task>_<metric>``, its own event file in ``RUN_DIR/tensorboard``), then deletes its copy. Rank 0 polls
-its children once per step (``Popen.poll``: no blocking) and prints each finished score or names the log of a failed
-one. At most ``max_running`` children per task run at once; later due steps queue (their copies made at once) and
-start as earlier ones finish; whatever is queued when pretraining ends is started then.
+line, which does not interleave with the trainer's own line writes on a local or Lustre filesystem): a reader that
+sees the record finds everything else done. Rank 0 polls its children once per step (``Popen.poll``: no blocking) and
+prints each finished score or names the log of a failed one. At most ``max_running`` children per task run at once;
+later due steps queue (their copies made at once) and start as earlier ones finish; whatever is queued when
+pretraining ends is started then.
 
 Where the child runs is ``command_prefix`` (e.g. ``[srun, --overlap, -N1, -n1, --gres=gpu:1]``) and ``env`` (e.g.
 ``{CUDA_VISIBLE_DEVICES: ""}`` keeps it off the GPUs the pretraining uses). This module imports only pydantic and the
@@ -197,21 +198,23 @@ def score_record(summary: dict) -> dict:
 
 
 def report(run_dir: str | Path, summary: dict) -> dict:
-    """Append the score to the pretraining run's metrics.jsonl (one O_APPEND write) and TensorBoard."""
+    """Write the score to TensorBoard, then append it to the pretraining run's metrics.jsonl (one O_APPEND write):
+    the record comes last, so a reader that sees it finds the event file complete and closed."""
     run_dir = Path(run_dir)
     rec = score_record(summary)
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        SummaryWriter = None
+    if SummaryWriter is not None:
+        writer = SummaryWriter(str(run_dir / "tensorboard"), filename_suffix=f".downstream{os.getpid()}")
+        for key, value in rec.items():
+            if isinstance(value, float):
+                writer.add_scalar(f"downstream/{key}", value, rec["step"])
+        writer.close()
     fd = os.open(run_dir / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (json.dumps(rec) + "\n").encode())
     finally:
         os.close(fd)
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return rec
-    writer = SummaryWriter(str(run_dir / "tensorboard"), filename_suffix=f".downstream{os.getpid()}")
-    for key, value in rec.items():
-        if isinstance(value, float):
-            writer.add_scalar(f"downstream/{key}", value, rec["step"])
-    writer.close()
     return rec
