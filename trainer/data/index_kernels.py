@@ -50,6 +50,18 @@ def target1(sentence, seed_mix, budget, short_seq_prob):
     return np.int64(budget)
 
 
+def cost1(lengths, docs, dd, e, mode):
+    """(tokens sentence ``e`` adds to a chunk, the document of ``e``): its length, plus 1 in full-sentences for a
+    document's last sentence (the [SEP] that follows it); ``dd`` is a document at or before ``e``'s."""
+    c = np.int64(lengths[e])
+    if mode == FULL_SENTENCES:
+        while docs[dd + 1] <= e:
+            dd += 1
+        if docs[dd + 1] - 1 == e:
+            c += 1
+    return c, dd
+
+
 def walk(lengths, docs, first, s, d, stop, mode, budget, min_sent, min_tail, keep_min, seed_mix, short_seq_prob,
          out, row_tokens):
     """Chunks of one shard from chain position ``s`` (shard-local; ``d``: its document, ``docs[d] <= s <
@@ -72,12 +84,7 @@ def walk(lengths, docs, first, s, d, stop, mode, budget, min_sent, min_tail, kee
             # full-sentences (the [SEP] that follows it)
             e, acc, dd = s, 0, d
             while e < n and e - s < budget:
-                c = np.int64(lengths[e])
-                if mode == FULL_SENTENCES:
-                    while docs[dd + 1] <= e:
-                        dd += 1
-                    if docs[dd + 1] - 1 == e:
-                        c += 1
+                c, dd = cost1(lengths, docs, dd, e, mode)
                 if acc + c > t:
                     break
                 acc += c
@@ -90,12 +97,7 @@ def walk(lengths, docs, first, s, d, stop, mode, budget, min_sent, min_tail, kee
         nxt = min(nxt, n)
         tokens, dd = np.int64(0), d
         for e in range(s, nxt):
-            c = np.int64(lengths[e])
-            if mode == FULL_SENTENCES:
-                while docs[dd + 1] <= e:
-                    dd += 1
-                if docs[dd + 1] - 1 == e:
-                    c += 1
+            c, dd = cost1(lengths, docs, dd, e, mode)
             tokens += c
         if tokens > 0 and nxt - s >= keep_min:
             out[k, 0] = first + s
@@ -143,7 +145,7 @@ def pack(row_tokens, T):
     return order, sizes[:n_sizes].copy()
 
 
-_PYTHON = SimpleNamespace(mix1=mix1, target1=target1, walk=walk, pack=pack)
+_PYTHON = SimpleNamespace(mix1=mix1, target1=target1, cost1=cost1, walk=walk, pack=pack)
 
 
 @functools.cache
@@ -154,9 +156,10 @@ def _compiled() -> SimpleNamespace:
 
     jit = njit(cache=True, nogil=True)
     g = globals()
-    for name in ("mix1", "target1", "walk", "pack"):
+    names = ("mix1", "target1", "cost1", "walk", "pack")
+    for name in names:
         g[name] = jit(getattr(_PYTHON, name))
-    return SimpleNamespace(**{name: g[name] for name in ("mix1", "target1", "walk", "pack")})
+    return SimpleNamespace(**{name: g[name] for name in names})
 
 
 class _Interpreted:
