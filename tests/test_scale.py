@@ -19,7 +19,7 @@ from trainer.data.dataset import PretrainingDataset
 from trainer.data.loader import Collator
 from trainer.data.order import EpochOrder, KeyedPermutation, PretrainingBatchSampler
 from trainer.data.sample_index import (build_index, content_budget, index_path, index_settings, load_or_build,
-                                       sentence_targets, settings_hash)
+                                       settings_hash)
 
 FORMATS = [("full-sentences", False), ("doc-sentences", False), ("doc-sentences", True), ("segment-pair", False),
            ("sop-pair", False), ("sentence-pair", False)]
@@ -32,6 +32,23 @@ def ragged(tmp_path_factory):
     docs = [[list(rng.integers(5, 90, int(rng.integers(1, 31)))) for _ in range(int(rng.integers(1, 10)))]
             for _ in range(60)]
     return write_shards(docs, tmp_path_factory.mktemp("ragged") / "rg", 100, docs_per_shard=13)
+
+
+def sentence_targets(index_seed: int, sentences: np.ndarray, budget: int, short_seq_prob: float) -> np.ndarray:
+    """sample_index.py's ``target(s)`` for many sentences at once, in numpy (the reference for the walk's scalar
+    ``index_kernels.target1``): splitmix64 of (sentence, seed); short with probability ``short_seq_prob``, then
+    uniform in [2, budget]."""
+    from trainer.data.order import M64, mix64, mix64_many
+
+    s = np.asarray(sentences, dtype=np.uint64)
+    h = mix64_many(s * np.uint64(0x9E3779B97F4A7C15) + np.uint64(mix64(index_seed & M64)))
+    u = (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    target = np.full(len(s), budget, np.int64)
+    short = u < short_seq_prob
+    if short.any():
+        h2 = mix64_many(h[short] ^ np.uint64(0x94D049BB133111EB))
+        target[short] = 2 + (h2 % np.uint64(budget - 1)).astype(np.int64)
+    return target
 
 
 def reference_index(corpus: IndexedCorpus, fmt: str, T: int, short: float, seed: int, pack: bool):
@@ -366,12 +383,13 @@ def test_sidecar_row_pointers_are_written_at_annotation_and_old_sidecars_still_r
 
 def test_scalar_and_vectorised_targets_agree():
     from trainer.data.index_kernels import kernels
-    from trainer.data.sample_index import Layout, mix64
+    from trainer.data.order import mix64
+    from trainer.data.sample_index import Layout
 
     lay = Layout("segment-pair", 128, 0.3, 77, False)
     s = np.arange(10**9, 10**9 + 5000)
     t = sentence_targets(77, s, lay.budget, 0.3)
-    seed_mix = mix64(np.array([77], np.uint64))[0]
+    seed_mix = np.uint64(mix64(77))
     for compiled in (False, True):
         target1 = kernels(0, compiled).target1
         assert [target1(int(x), seed_mix, lay.budget, 0.3) for x in s] == t.tolist()

@@ -2,8 +2,8 @@
 
 The rules are sample_index.py's (its docstring): a chunk's end ``next(s)`` depends on where the previous chunk
 ended, so the walk is a chain, sequential by nature. numpy can only vectorise it by computing ``next`` for whole
-frontiers and stepping many documents at once: ~20 array passes and a Python tail per block, 0.15 CPU-s per 1M
-sentences measured (bench/scale.py, BENCHMARKS.md). The loop itself reads each length once or twice: compiled, it
+frontiers and stepping many documents at once: ~20 array passes and a Python tail per block, 0.10-0.17 CPU-s per
+1M sentences measured (bench/scale.py, BENCHMARKS.md). The loop itself reads each length once or twice: compiled, it
 is a few ns per sentence. No library has this walk (megatron-core's C++ ``build_mapping`` is the closest and it
 drops documents with a sentence over 512 tokens, never crosses documents and shuffles its output), so we write the
 loop and let numba compile it: a library on PyPI for all our platforms, no compiler needed at install, and the
@@ -34,7 +34,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def mix1(x):
-    """splitmix64's finaliser on one uint64 (wrapping): sample_index.mix64 of one value."""
+    """splitmix64's finaliser on one uint64 (wrapping): order.mix64, in numba's types."""
     x = x ^ (x >> np.uint64(30))
     x = x * _M1
     x = x ^ (x >> np.uint64(27))
@@ -43,7 +43,8 @@ def mix1(x):
 
 
 def target1(sentence, seed_mix, budget, short_seq_prob):
-    """sample_index.sentence_targets of one global sentence (``seed_mix`` = mix64(index_seed), precomputed)."""
+    """Target tokens of one global sentence (sample_index.py, ``target(s)``): ``budget``, or with probability
+    ``short_seq_prob`` uniform in [2, budget]; ``seed_mix`` = order.mix64(index_seed), precomputed."""
     h = mix1(np.uint64(sentence) * _GOLDEN + seed_mix)
     if np.float64(h >> np.uint64(11)) * 2.0 ** -53 < short_seq_prob:
         return np.int64(2) + np.int64(mix1(h ^ _M2) % np.uint64(budget - 1))

@@ -30,14 +30,16 @@ _C1, _C2, _GOLDEN = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0x9E3779B97F4A7C15
 ROUNDS = 6
 
 
-def _mix(z: int) -> int:
-    """splitmix64's finaliser on a Python int (the scalar twin of ``_mix_np``)."""
+def mix64(z: int) -> int:
+    """splitmix64's finaliser on a Python int (the scalar twin of ``mix64_many``; also the sample index's hash:
+    sample_index.py, index_kernels.py)."""
     z = ((z ^ (z >> 30)) * _C1) & M64
     z = ((z ^ (z >> 27)) * _C2) & M64
     return z ^ (z >> 31)
 
 
-def _mix_np(z: np.ndarray) -> np.ndarray:
+def mix64_many(z: np.ndarray) -> np.ndarray:
+    """``mix64`` of every uint64 of ``z`` (wrapping arithmetic)."""
     z = (z ^ (z >> np.uint64(30))) * np.uint64(_C1)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(_C2)
     return z ^ (z >> np.uint64(31))
@@ -54,14 +56,14 @@ class KeyedPermutation:
         self.n = int(n)
         self.half = max(1, ((self.n - 1).bit_length() + 1) // 2)
         self.mask = (1 << self.half) - 1
-        k = _mix((key & M64) ^ _GOLDEN)
-        self.round_keys = [_mix((k + (r + 1) * _GOLDEN) & M64) for r in range(ROUNDS)]
+        k = mix64((key & M64) ^ _GOLDEN)
+        self.round_keys = [mix64((k + (r + 1) * _GOLDEN) & M64) for r in range(ROUNDS)]
 
     def _encrypt(self, x: int) -> int:
         h, mask = self.half, self.mask
         left, right = x >> h, x & mask
         for k in self.round_keys:
-            left, right = right, left ^ (_mix(right ^ k) & mask)
+            left, right = right, left ^ (mix64(right ^ k) & mask)
         return (left << h) | right
 
     def __call__(self, x: int) -> int:
@@ -86,7 +88,7 @@ class KeyedPermutation:
         def encrypt(v: np.ndarray) -> np.ndarray:
             left, right = v >> h, v & mask
             for k in keys:
-                left, right = right, left ^ (_mix_np(right ^ k) & mask)
+                left, right = right, left ^ (mix64_many(right ^ k) & mask)
             return (left << h) | right
 
         out = encrypt(xs.astype(np.uint64).ravel())
@@ -109,7 +111,7 @@ class EpochOrder:
 
     def permutation(self, epoch: int) -> KeyedPermutation:
         if self._perm is None or self._perm[0] != epoch:
-            key = _mix((_mix(self.seed & M64) + _GOLDEN * (epoch + 1)) & M64)
+            key = mix64((mix64(self.seed & M64) + _GOLDEN * (epoch + 1)) & M64)
             self._perm = (epoch, KeyedPermutation(self.num_samples, key))
         return self._perm[1]
 

@@ -24,13 +24,14 @@ Worked example, budget 10 tokens, ``full-sentences``, sentence lengths ``[4, 3, 
 costs ``[4, 3, 6, 6, 3]``; chunks ``[0, 2)`` (7 tokens, adding sentence 2 would make 13) and ``[2, 4)`` (12 > 10:
 one sentence at least, so ``[2, 3)``), then ``[3, 5)``. With ``doc-sentences`` the walk stops at the document end.
 
-Building: shard by shard (in parallel threads, ``workers``), each shard in one pass over its mapped
-``.idx`` lengths (index_kernels.py: compiled by numba for shards of 200k sentences or more), emitting ``block`` chunks at a time, so a builder holds one shard's
-chunks (~5 MB per 1M sentences at T = 128), whatever the corpus size; shard results are appended to the cache file in
-shard order (workers change only the speed). tests/test_scale.py checks the result against a one-shot numpy build
-over whole-corpus arrays. Why our own walk and not megatron-core's ``helpers.build_mapping``: that one silently drops
-every document holding a sentence longer than 512 tokens, cannot cross documents (full-sentences), shuffles the
-result (our order is a keyed bijection, order.py) and needs whole-corpus arrays in memory.
+Building: shard by shard (in parallel threads, ``workers``), each shard in one pass over its mapped ``.idx`` lengths
+(index_kernels.py: compiled by numba for shards of 200k sentences or more), emitting ``block`` chunks at a time, so a
+builder holds one shard's chunks (~5 MB per 1M sentences at T = 128), whatever the corpus size; shard results are
+appended to the cache file in shard order (workers change only the speed). tests/test_scale.py checks the result
+against a one-shot numpy build over whole-corpus arrays. Why our own walk and not megatron-core's
+``helpers.build_mapping``: that one silently drops every document holding a sentence longer than 512 tokens, cannot
+cross documents (full-sentences), shuffles the result (our order is a keyed bijection, order.py) and needs
+whole-corpus arrays in memory.
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from .cache_file import CachePolicy, CacheWriter, ensure, settings_hash  # noqa: F401 (settings_hash re-exported)
-from .corpus import IndexedCorpus, idx_arrays, idx_header
+from .corpus import IndexedCorpus, idx_arrays
+from .order import M64, mix64
 
 INDEX_VERSION = 2
 WITHIN_DOCUMENT = ("segment-pair", "sentence-pair", "doc-sentences", "sop-pair")
@@ -164,13 +166,14 @@ def build_index(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_
 def write_index(corpus: IndexedCorpus, layout: Layout, path: Path, key: str, settings: dict, workers: int = 1,
                 block: int = BLOCK) -> None:
     """Build shard by shard (``workers`` threads) and stream the shards' chunks into the cache file in order."""
-    tasks = [(p, first, layout, block) for p, first, _ in corpus.shards]
+    tasks = [(p, first, layout, block, None) for p, first, _ in corpus.shards]
+    largest = max((count for _, _, count in corpus.shards), default=0)
     total = 0
     rows_tmp = path.parent / f".{path.name}.rows-{os.getpid()}"
     with CacheWriter(path, "sample-index", key, [("chunks", "<i8", (3,)), ("row_ptr", "<i8", ())]) as w, \
             open(rows_tmp, "wb") as rows:
         try:
-            for chunks, sizes in _run(tasks, workers):
+            for chunks, sizes in _run(tasks, workers, largest):
                 w.append("chunks", chunks)
                 total += len(chunks)
                 if layout.packed:
@@ -202,12 +205,13 @@ def _write_description(path: Path, settings: dict) -> None:
     os.replace(tmp, path.with_name(path.name + ".json"))
 
 
-def _run(tasks: list, workers: int):
+def _run(tasks: list, workers: int, largest: int):
     """Shard results in shard order: inline with one worker, else from ``workers`` threads. Threads, not processes:
     the compiled walk releases the GIL (index_kernels.py, ``nogil``), and a thread needs no start-up, where a
     spawned process paid 1-4 s of imports and numba loading and sent every chunk back through a pipe (24 bytes per
     sample: measured at 200M sentences, 2 spawned workers took more CPU and more wall time than one). At most
-    ``2 * workers`` shards are in flight, so memory stays bounded when the writer falls behind."""
+    ``2 * workers`` shards are in flight, so memory stays bounded when the writer falls behind. ``largest``: the
+    most sentences in a shard."""
     if workers <= 1 or len(tasks) <= 1:
         yield from map(_shard_chunks, tasks)
         return
@@ -216,7 +220,7 @@ def _run(tasks: list, workers: int):
 
     from . import index_kernels  # noqa: PLC0415
 
-    if any(idx_header(t[0]).sequences >= index_kernels.COMPILE_FROM for t in tasks):
+    if largest >= index_kernels.COMPILE_FROM:
         index_kernels.kernels(0, compiled=True)  # load the compiled code once, before the threads
     with ThreadPoolExecutor(min(workers, len(tasks)), thread_name_prefix="index") as pool:
         pending, todo = deque(), iter(tasks)
@@ -241,32 +245,6 @@ def _check_nonempty(corpus: IndexedCorpus, layout: Layout, n: int) -> None:
             f"{corpus.num_sentences} sentences); pair formats need documents of two or more sentences")
 
 
-# -- targets -----------------------------------------------------------------------------------------------------------
-_M1, _M2, _GOLDEN = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic): a bijective, well-mixing hash."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M2
-    return x ^ (x >> np.uint64(31))
-
-
-def sentence_targets(index_seed: int, sentences: np.ndarray, budget: int, short_seq_prob: float) -> np.ndarray:
-    """Target tokens of the given global sentence indices: a pure function of (seed, sentence)."""
-    s = np.asarray(sentences, dtype=np.uint64)
-    h = mix64(s * _GOLDEN + mix64(np.array([index_seed], np.uint64)))
-    u = (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-    target = np.full(len(s), budget, np.int64)
-    short = u < short_seq_prob
-    if short.any():
-        h2 = mix64(h[short] ^ _M2)
-        target[short] = 2 + (h2 % np.uint64(budget - 1)).astype(np.int64)
-    return target
-
-
 # -- one shard, block by block -------------------------------------------------------------------------------------------
 def _shard_chunks(task) -> tuple[np.ndarray, np.ndarray]:
     """(chunks int64 [c, 3] in global sentence numbers, row sizes for packed doc-sentences) of one shard: the walk
@@ -274,16 +252,16 @@ def _shard_chunks(task) -> tuple[np.ndarray, np.ndarray]:
     carries over), so a builder holds the shard's chunks and one block of work memory."""
     from . import index_kernels as K  # noqa: PLC0415 (only builders need it)
 
-    prefix, first, layout, block = task[:4]
+    prefix, first, layout, block, compiled = task
     lengths, _, docs = idx_arrays(prefix)
     n = len(lengths)
-    run = K.kernels(n, task[4] if len(task) > 4 else None)
+    run = K.kernels(n, compiled)
     docs = np.asarray(docs, np.int64)
     if len(docs) == 0 or docs[-1] != n:
         docs = np.concatenate([docs[:1] if len(docs) else [0], docs[1:][docs[1:] < n], [n]]).astype(np.int64)
     mode = {"full-sentences": K.FULL_SENTENCES, "sentence-pair": K.SENTENCE_PAIR}.get(layout.fmt, K.WITHIN_DOCUMENT)
     keep_min = 2 if layout.fmt in ("segment-pair", "sop-pair", "sentence-pair") else 1  # a pair needs 2 sentences
-    seed_mix = mix64(np.array([layout.index_seed], np.uint64))[0]
+    seed_mix = np.uint64(mix64(layout.index_seed & M64))
     out, rows = np.empty((max(1, block), 3), np.int64), np.empty(max(1, block), np.int64)
     parts, sizes = [], []
     s, d = 0, 0
