@@ -313,6 +313,33 @@ def test_unigram_keeps_text_of_lines_longer_than_sentencepiece_accepts(tmp_path,
     assert "".join(pieces) == one_line.read_text(encoding="utf-8").strip()
 
 
+def test_wordpiece_alphabet_cut_is_the_same_every_run(tmp_path):
+    """More distinct characters than the WordPiece alphabet keeps (1,000), all of equal count: HF's trainer breaks
+    the ties at its cut in hash order (three runs gave three tokenizers); ours keeps the lowest code points, the same
+    tokenizer in this interpreter and in a fresh one."""
+    import random
+
+    rng = random.Random(0)
+    cjk = [chr(c) for c in range(0x4E00, 0x4E00 + 1200)]
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "theta"]
+    lines = [" ".join(rng.choice(words) for _ in range(8)) for _ in range(3000)]
+    lines += [f"alpha {c} beta" for _ in range(3) for c in cjk]
+    corpus = tmp_path / "ties.txt"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    args = ["--kind", "wordpiece", "--input", str(corpus), "--vocab-size", "1100", "--quiet"]
+    train_tokenizer.main([*args, "--output", str(tmp_path / "here")])
+    proc = subprocess.run([sys.executable, "-m", "data_prep.train_tokenizer", *args, "--output", str(tmp_path / "apart")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    here, apart = load_tokenizer(tmp_path / "here"), load_tokenizer(tmp_path / "apart")
+    assert here.fingerprint == apart.fingerprint
+    letters = sorted(set("".join(words)))  # each far more frequent than any CJK character
+    kept = sorted(t for t in here.tokens if len(t) == 1 and "\u4e00" <= t <= "\u9fff")
+    assert len(kept) == train_tokenizer.WORDPIECE_ALPHABET_LIMIT - len(letters)
+    assert kept == cjk[:len(kept)]  # ties broken by code point
+    assert {t for t in here.tokens if len(t) == 1} == set(letters) | set(kept)
+
+
 @pytest.mark.parametrize("kind", ["wordpiece", "zh", "bbpe", "unigram"])
 def test_same_command_gives_the_same_tokenizer(trained, tmp_path, en_corpus, kind):
     """Byte-identical folders (same fingerprint) from the same command, whatever the process's hash seeds: a
