@@ -178,6 +178,32 @@ def test_mlm_loss_ignores_padding_predictions_exactly():
     assert zero.item() == 0.0 and zero.requires_grad  # every rank still runs its backward
 
 
+def test_ernie_classification_loss_needs_no_sync_and_matches_the_reference():
+    """ERNIE's token and sentence task losses: cross-entropy and accuracy over the labelled entries only, computed
+    without a host sync (it runs once per task and micro-batch); 0 with a gradient when nothing is labelled."""
+    from trainer.objectives.ernie import classification_loss
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 3, requires_grad=True)
+    labels = torch.tensor([[0, -100, 2, 1, -100], [-100, 1, 1, 0, 2]])
+    counter = SyncCounter().install()
+    try:
+        counter.on = True
+        loss, acc = classification_loss(logits, labels)
+        zero, zero_acc = classification_loss(logits, torch.full((2, 5), -100))
+        counter.on = False
+        assert counter.count == 0, counter.where
+    finally:
+        counter.uninstall()
+    flat, flat_labels = logits.reshape(-1, 3), labels.reshape(-1)
+    keep = flat_labels != -100
+    torch.testing.assert_close(loss, F.cross_entropy(flat[keep], flat_labels[keep]))
+    assert acc.item() == (flat[keep].argmax(-1) == flat_labels[keep]).float().mean().item()
+    assert zero.item() == 0.0 and zero_acc.item() == 0.0 and zero.requires_grad
+    (loss + zero).backward()
+    assert logits.grad[labels == -100].abs().sum() == 0 and logits.grad[labels != -100].abs().sum() > 0
+
+
 @pytest.mark.slow
 def test_syncs_per_optimizer_step_do_not_grow_with_layers_or_micro_batches(tmp_path):
     """Real trainer steps (DeepSpeed engine, MLM objective, the real collator) on a 1-rank gloo group: the syncs of
