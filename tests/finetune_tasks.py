@@ -1,4 +1,4 @@
-"""Small GLUE-layout tasks made from the repository's English corpus, for the fine-tuning tests.
+"""Small GLUE-layout tasks made from the repository's English corpus, and generated languages, for the learning tests.
 
 - ``write_cola``: CoLA's layout (no header; source, label, original label, sentence): label 1 = a corpus line as
   written, 0 = the same words shuffled. A model that learned word order while pretraining has a head start.
@@ -9,6 +9,7 @@
 - ``ordered_documents``: a generated language whose only signal is sentence order (the SOP test).
 - ``topic_language``/``write_topic_task``: a generated language of two topics, and SST-2's layout over it where the
   training sentences use one half of each topic's words and the held-out ones only the other half (below).
+- ``ernie2_documents``, ``topic_dialogues``: generated languages for the ERNIE 2.0 tasks and ERNIE 1.0's DLM.
 """
 from __future__ import annotations
 
@@ -194,3 +195,62 @@ def ordered_documents(n_docs: int, seed: int = 3, language_seed: int = 0) -> lis
     rng = random.Random(seed)
     return [[" ".join([ordinals[i]] + [rng.choice(filler) for _ in range(rng.randint(5, 8))]) + " ."
              for i in range(rng.randint(4, 10))] for _ in range(n_docs)]
+
+
+def ernie2_documents(n_docs: int, seed: int = 5, language_seed: int = 0, topics: int = 6,
+                     topic_words: int = 16) -> list[list[str]]:
+    """A generated cased language with a signal for each of ERNIE 2.0's tasks, for the tiny_ernie2 test.
+
+    Each document has one of ``topics`` topics (disjoint sets of ``topic_words`` content words and 3 capitalized
+    names; 8 function words are shared) and 4-10 sentences; sentence i opens with the i-th of 10 ordinal words
+    (capitalized, as every sentence's first word), then 5-8 pairs of a function word and a content word of the topic
+    (a name instead in one pair of five). What each task can learn from it:
+
+    - capitalization: names are always capitalized, and so is every sentence's first word; nothing else is.
+    - token-document: function words recur in every document, a sentence's ordinal in none of its other sentences,
+      content words by chance.
+    - sentence reordering: the ordinals give the original order.
+    - sentence distance: adjacent sentences have consecutive ordinals (0); sentences of two documents have different
+      topics five times in six (2); the rest are class 1.
+    """
+    lang, taken = random.Random(language_seed + 200), set()
+    ordinals = [w.capitalize() for w in _pseudo_words(lang, 10, taken)]
+    function = _pseudo_words(lang, 8, taken)
+    content = [_pseudo_words(lang, topic_words, taken) for _ in range(topics)]
+    names = [[w.capitalize() for w in _pseudo_words(lang, 3, taken)] for _ in range(topics)]
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        t = rng.randrange(topics)
+        doc = []
+        for i in range(rng.randint(4, 10)):
+            words = [ordinals[i]]
+            for _ in range(rng.randint(5, 8)):
+                words += [rng.choice(function), rng.choice(names[t] if rng.random() < 0.2 else content[t])]
+            doc.append(" ".join(words) + " .")
+        docs.append(doc)
+    return docs
+
+
+def topic_dialogues(text: str, n_dialogues: int, seed: int = 7, topics: int = 8, topic_chars: int = 12,
+                    turns: int = 4) -> list[dict]:
+    """Dialogues for ERNIE 1.0's DLM test (``{"turns": [...]}`` rows) in a generated language over ``text``'s most
+    frequent CJK characters (so a tokenizer trained on ``text`` knows them all): ``topics`` disjoint sets of
+    ``topic_chars`` characters and 8 shared function characters. Every turn of a dialogue uses its topic's
+    characters, alternating with function characters (5-10 pairs). DLM replaces a turn by a turn of another dialogue:
+    of another topic (detectable) with probability (topics - 1) / topics."""
+    from collections import Counter
+
+    counts = Counter(ch for ch in text if "\u4e00" <= ch <= "\u9fff")
+    pool = [ch for ch, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))][:8 + topics * topic_chars]
+    assert len(pool) == 8 + topics * topic_chars, f"text has only {len(pool)} distinct CJK characters"
+    rng = random.Random(seed)
+    lang = random.Random(0)
+    lang.shuffle(pool)
+    function, content = pool[:8], [pool[8 + t * topic_chars:8 + (t + 1) * topic_chars] for t in range(topics)]
+    out = []
+    for _ in range(n_dialogues):
+        t = rng.randrange(topics)
+        out.append({"turns": ["".join(rng.choice(function) + rng.choice(content[t]) for _ in range(rng.randint(5, 10)))
+                              for _ in range(turns)]})
+    return out

@@ -35,7 +35,7 @@ TASKS = [{"name": "mlm", "iterations": 4, "level": "token", "stage": 0},
 def test_eval_plan_rotates_every_sentence_task_with_all_token_tasks():
     plan = EvalPlan(ContinualConfig(tasks=TASKS))
     token = ["mlm", "capitalization", "token_document"]
-    assert plan.formats == [token + ["sentence_reorder"], token + ["sentence_distance"], token]
+    assert plan.formats == [["sentence_reorder"], ["sentence_distance"], token]
     assert [plan.tasks_at(a) for a in range(6)] == plan.formats * 2
     only_token = EvalPlan(ContinualConfig(tasks=[{k: v for k, v in t.items() if k != "stage"} for t in TASKS[:2]],
                                           mode="all-at-once"))
@@ -81,9 +81,16 @@ def test_ernie2_held_out_batches_rotate_through_every_task(corpus):
     for a in range(6):  # batch a = positions 2a, 2a + 1 (one evaluation step per micro-batch x ranks)
         rows = valid.__getitems__([2 * a, 2 * a + 1])
         kind = ["sentence_reorder_label", "sentence_distance_label", None][a % 3]
+        token_keys = {"capitalization_labels", "token_document_labels", "mlm_positions"}
         for row in rows:
-            assert {"capitalization_labels", "token_document_labels", "mlm_positions"} <= row.keys()
+            # a sentence task's rows as built for it alone (cased, unmasked); plain rows carry every token task
+            assert token_keys.isdisjoint(row.keys()) if kind else token_keys <= row.keys()
             assert [k for k in row if k.endswith("_label")] == ([kind] if kind else [])
+        if kind:  # the cased held-out text itself: nothing lower-cased or masked
+            for row in rows:
+                assert tok.mask_id not in row["input_ids"].tolist()
+                ids = row["input_ids"][~valid.is_special[row["input_ids"]]]
+                assert any(tok.decode([int(t)]).strip()[:1].isupper() for t in ids)
     again = valid.__getitems__([2, 3])  # the same held-out batch at every evaluation
     first = valid.__getitems__([2, 3])
     assert all(np.array_equal(x[k], y[k]) for x, y in zip(first, again) for k in x)

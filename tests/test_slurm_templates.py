@@ -5,7 +5,7 @@ the way a user does, each node running one gloo rank on CPU (fp32), with the tin
   generator's MLM loss and the discriminator's RTD loss finite and falling and a final checkpoint; the same command
   preempted with `scontrol requeue` (SIGTERM) saves, is requeued, resumes and ends with the straight run's losses;
 - slurm/ernie2_base.sh, tiny_ernie2 (continual multi-task plan, through trainer/pretrain.py) on a cased
-  corpus, shortened to 300 of the plan's 1,450 steps so that it still crosses two stage boundaries: the time-limit
+  corpus, shortened to 300 of the plan's 2,050 steps so that it still crosses two stage boundaries: the time-limit
   warning (USR1 to the batch shell) in stage 1 checkpoints, the job requeues itself, resumes in the middle of the
   stage with the same task mix and ends with the straight run's per-step losses, every task trained on the steps the
   plan gives it.
