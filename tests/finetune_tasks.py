@@ -156,9 +156,9 @@ def topic_sentence(rng: random.Random, content: list[str], function: list[str]) 
     return " ".join(words[:rng.randint(len(words) - 1, len(words))]) + " ."
 
 
-def topic_documents(n_docs: int, seed: int = 1, language_seed: int = 0) -> list[list[str]]:
-    """Pretraining text: documents of 4-9 sentences of one topic each, every topic word in use."""
-    topics, function = topic_language(language_seed)
+def topic_documents(n_docs: int, seed: int = 1, language_seed: int = 0, topics: int = 2) -> list[list[str]]:
+    """Pretraining text: documents of 4-9 sentences of one topic each (of ``topics``), every topic word in use."""
+    topics, function = topic_language(language_seed, topics=topics)
     rng = random.Random(seed)
     return [[topic_sentence(rng, topics[d % len(topics)], function) for _ in range(rng.randint(4, 9))]
             for d in range(n_docs)]

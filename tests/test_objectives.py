@@ -394,22 +394,43 @@ def test_tiny_albert_with_sop_and_ngram_masking_learns(ordered_language):
     assert after["sop_loss"] < before["sop_loss"] - 0.3, (before, after)
 
 
+@pytest.fixture(scope="module")
+def six_topics(tmp_path_factory):
+    """A WordPiece tokenizer and train/held-out shards of a generated language of 6 topics (tests/finetune_tasks.py
+    ``topic_documents``): a random next segment comes from another topic 5 times in 6."""
+    from finetune_tasks import topic_documents
+    from test_samples import train_wordpiece
+
+    root = tmp_path_factory.mktemp("topics")
+    train, valid = topic_documents(1500, seed=11, topics=6), topic_documents(200, seed=12, topics=6)
+    text = root / "text.txt"
+    text.write_text("\n\n".join("\n".join(d) for d in train) + "\n", encoding="utf-8")
+    tok = train_wordpiece(text, root / "tok", vocab_size=400)
+    return (tok, write_shards(encode_docs(tok, train), root / "train", tok.vocab_size),
+            write_shards(encode_docs(tok, valid), root / "valid", tok.vocab_size))
+
+
 @pytest.mark.slow
-def test_tiny_bert_with_nsp_learns(small_vocab):
-    """NSP at tiny scale needs ~8x the steps SOP does: its loss stays at ln 2 for ~400 steps, then falls slowly."""
-    tok, train_prefix, valid_prefix = small_vocab
-    torch.manual_seed(0)
-    steps = 2500
-    train = _batches(train_prefix, tok, "segment-pair", 64, BATCH, steps)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tiny_bert_with_nsp_learns(six_topics, seed):
+    """NSP where the next segment is recognisable: in a generated language of 6 topics a random segment comes from
+    another topic 5 times in 6 (at best ~92 % accuracy from topics alone). 1,000 steps, two seeds. Measured
+    (2026-12-03) for torch and batch seeds 0 / 1 / 2: held-out NSP accuracy 0.758 / 0.877 / 0.758, loss 0.534 / 0.331
+    / 0.539, MLM loss 5.8 -> 2.4-2.6. On Python's docstrings (the first version of this test) 2,500 steps gave
+    accuracy 0.613 and loss 0.676, 0.007 under the threshold: the docstrings' segments carry little topic signal."""
+    tok, train_prefix, valid_prefix = six_topics
+    torch.manual_seed(seed)
+    steps = 1000
+    train = _batches(train_prefix, tok, "segment-pair", 64, BATCH, steps, seed=seed)
     valid = _batches(valid_prefix, tok, "segment-pair", 64, 32, 16, seed=1)
     objective = get_objective({"name": "mlm+nsp"})
     model = objective.build_model(_model_cfg("tiny", tok))
     before, after = _train(objective, model, train, valid, steps, 1e-3)
-    assert after["mlm_loss"] < before["mlm_loss"] - 0.4, (before, after)
-    # NSP beats the majority class of the held-out pairs (512) by 5 points: 4 standard errors
+    assert after["mlm_loss"] < before["mlm_loss"] - 1.0, (before, after)
+    # NSP beats the majority class of the held-out pairs (512: one standard error is 0.022) by 15 points
     random_next = float(torch.cat([b["sentence_label"] for b in valid]).float().mean())
-    assert after["nsp_acc"] > max(random_next, 1 - random_next) + 0.05, (before, after, random_next)
-    assert after["nsp_loss"] < math.log(2) - 0.01, (before, after)  # measured: 0.692 -> 0.676, accuracy 0.613
+    assert after["nsp_acc"] > max(random_next, 1 - random_next) + 0.15, (before, after, random_next)
+    assert after["nsp_loss"] < math.log(2) - 0.1, (before, after)
 
 
 def test_electra_sharing_and_generator_size(en_tokenizer):
