@@ -308,45 +308,52 @@ def _train_loop(objective, model, train, valid, steps, lr, warmup=30):
 
 
 @pytest.fixture(scope="module")
-def small_vocab(en_corpus, tmp_path_factory):
-    """A 400-token WordPiece tokenizer and train/held-out corpora for the training tests: with a small vocabulary a
-    tiny model leaves the unigram stage within a few hundred steps (and the vocabulary projection is 5x cheaper)."""
+def six_topics(tmp_path_factory):
+    """A WordPiece tokenizer and train/held-out shards of a generated language of 6 topics (tests/finetune_tasks.py
+    ``topic_documents``): a random next segment comes from another topic 5 times in 6."""
+    from finetune_tasks import topic_documents
     from test_samples import train_wordpiece
 
-    root = tmp_path_factory.mktemp("small")
-    tok = train_wordpiece(en_corpus, root / "tok", vocab_size=400)
-    docs = encode_docs(tok, read_documents(en_corpus))
-    cut = len(docs) - len(docs) // 10  # the last tenth of the modules held out
-    return tok, write_shards(docs[:cut], root / "train", 400), write_shards(docs[cut:], root / "valid", 400)
+    root = tmp_path_factory.mktemp("topics")
+    train, valid = topic_documents(1500, seed=11, topics=6), topic_documents(200, seed=12, topics=6)
+    text = root / "text.txt"
+    text.write_text("\n\n".join("\n".join(d) for d in train) + "\n", encoding="utf-8")
+    tok = train_wordpiece(text, root / "tok", vocab_size=400)
+    return (tok, write_shards(encode_docs(tok, train), root / "train", tok.vocab_size),
+            write_shards(encode_docs(tok, valid), root / "valid", tok.vocab_size))
 
 
 STEPS, BATCH = 300, 16
 
 
 @pytest.mark.slow
-def test_tiny_electra_learns(small_vocab):
-    tok, train_prefix, valid_prefix = small_vocab
-    torch.manual_seed(0)
-    train = _batches(train_prefix, tok, "full-sentences", 64, BATCH, STEPS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tiny_electra_learns(six_topics, seed):
+    """ELECTRA on the generated 6-topic language (``six_topics``), where a replacement the generator samples is
+    often of another topic than its context: 300 steps, two seeds. On Python's docstrings (the first version of this
+    test) the discriminator beat its prior's entropy by 0.006-0.021 only (seeds 0-2)."""
+    tok, train_prefix, valid_prefix = six_topics
+    torch.manual_seed(seed)
+    train = _batches(train_prefix, tok, "full-sentences", 64, BATCH, STEPS, seed=seed)
     valid = _batches(valid_prefix, tok, "full-sentences", 64, 32, 4, seed=1)
     objective = ElectraObjective({"rtd_weight": 50, "generator_fraction": 0.5})
     model = objective.build_model(_model_cfg("tiny-electra", tok))
-    # lr 2e-4 (the paper's scale), not 3e-3: at 1e-3 and above the generator's samples follow the unigram
-    # distribution within ~100 steps, after which only context tells a replacement from the original, and this
-    # model learns none within 1,500 steps: the discriminator predicts the prior (recall 0, AUC 0.53). At 2e-4 the
-    # generator is still learning and the discriminator learns to spot its samples (AUC 0.69 on held-out tokens).
+    # lr 2e-4 (the paper's scale), not 1e-3: at 1e-3 the generator learns the topics within the 300 steps (MLM loss
+    # 5.8 -> 3.7) and its samples fit their context, so the discriminator stays near its prior (RTD loss 0.375-0.381
+    # against the prior's entropy 0.40, recall 0.05-0.08, seeds 0-2)
     before, after = _train(objective, model, train, valid, STEPS, 2e-4)
-    # measured: generator MLM loss 6.0 -> 5.58, accuracy 0.002 -> 0.032; RTD loss 0.69 -> 0.375 (the prior's entropy
-    # is 0.408), accuracy 0.57 -> 0.86, precision 0.84 and recall 0.039 on replaced tokens
-    assert after["gen_mlm_loss"] < before["gen_mlm_loss"] - 0.3, (before, after)
-    assert after["gen_mlm_acc"] > before["gen_mlm_acc"] + 0.015, (before, after)
+    # measured (2026-12-03), seeds 0 / 1 / 2: generator MLM loss 5.80 -> 4.38 / 4.41 / 4.33, accuracy +0.05 / +0.09
+    # / +0.06; RTD loss 0.695 -> 0.287 / 0.277 / 0.287 (the prior's entropy is 0.408), accuracy +0.53 / +0.56 /
+    # +0.60, recall 0.36 / 0.40 / 0.37 and precision 0.997 / 0.973 / 0.984 on replaced tokens (14 % of tokens)
+    assert after["gen_mlm_loss"] < before["gen_mlm_loss"] - 1.0, (before, after)
+    assert after["gen_mlm_acc"] > before["gen_mlm_acc"] + 0.03, (before, after)
     assert after["rtd_loss"] < 0.75 * before["rtd_loss"], (before, after)
-    assert after["rtd_acc"] > before["rtd_acc"] + 0.1, (before, after)
+    assert after["rtd_acc"] > before["rtd_acc"] + 0.3, (before, after)
     # more than the prior: a constant logit at best reaches the entropy of the replaced fraction, with recall 0
     p = after["replaced_frac"]
     prior_entropy = -(p * math.log(p) + (1 - p) * math.log(1 - p))
-    assert after["rtd_loss"] < prior_entropy - 0.015, (before, after, prior_entropy)
-    assert after["rtd_recall"] > 0.005 and after["rtd_precision"] > 3 * p, (before, after)
+    assert after["rtd_loss"] < prior_entropy - 0.08, (before, after, prior_entropy)
+    assert after["rtd_recall"] > 0.2 and after["rtd_precision"] > 3 * p, (before, after)
 
 
 @pytest.fixture(scope="module")
@@ -392,22 +399,6 @@ def test_tiny_albert_with_sop_and_ngram_masking_learns(ordered_language):
     assert 0.4 < swapped < 0.6, swapped  # the 50 % swap rate
     assert after["sop_acc"] > max(swapped, 1 - swapped) + 0.25, (before, after, swapped)
     assert after["sop_loss"] < before["sop_loss"] - 0.3, (before, after)
-
-
-@pytest.fixture(scope="module")
-def six_topics(tmp_path_factory):
-    """A WordPiece tokenizer and train/held-out shards of a generated language of 6 topics (tests/finetune_tasks.py
-    ``topic_documents``): a random next segment comes from another topic 5 times in 6."""
-    from finetune_tasks import topic_documents
-    from test_samples import train_wordpiece
-
-    root = tmp_path_factory.mktemp("topics")
-    train, valid = topic_documents(1500, seed=11, topics=6), topic_documents(200, seed=12, topics=6)
-    text = root / "text.txt"
-    text.write_text("\n\n".join("\n".join(d) for d in train) + "\n", encoding="utf-8")
-    tok = train_wordpiece(text, root / "tok", vocab_size=400)
-    return (tok, write_shards(encode_docs(tok, train), root / "train", tok.vocab_size),
-            write_shards(encode_docs(tok, valid), root / "valid", tok.vocab_size))
 
 
 @pytest.mark.slow
