@@ -163,3 +163,38 @@ def test_second_launch_is_refused_while_the_first_lives_and_takes_over_after_kil
     assert "taking over the stale lock" in third.stderr and f"its process {first.pid} on this host is gone" \
         in third.stderr
     assert not (run_dir / LOCK_NAME).exists()  # released at exit
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_run_whose_lock_is_taken_over_stops_on_every_rank_and_writes_nothing_more(tmp_path):
+    """A live run whose lock another launch took over (as after a stall longer than checkpoint.lock_stale_s): both
+    ranks stop at the next step with a clear error and exit 1, leave the new holder's lock alone, and write no
+    status, checkpoint or metrics after the takeover is seen."""
+    from test_trainer_multiproc import command, make_config
+
+    config = make_config(tmp_path, "run", train={"steps": 1_000_000, "global_batch_size": 8, "micro_batch_size": 2,
+                                                 "eval_every": 0, "eval_batches": 2},
+                         checkpoint={"every_steps": 0, "keep_last": 2, "save_at_end": True, "lock_stale_s": 3})
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(command(config, 2), cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while not (run_dir / "metrics.jsonl").exists():
+            assert proc.poll() is None and time.time() < deadline, "the run did not start training"
+            time.sleep(0.2)
+        _foreign_lock(run_dir, heartbeat_age=0)  # another launch's lock, as a takeover leaves it
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    assert "was taken over by another launch (host node-elsewhere, pid 4242, Slurm job 77" in err
+    assert "another launch took over the run folder" in err and "writes nothing more" in err
+    # rank 1 stopped on the all-reduced flag itself: a rank that crashed (rank 0 gone from a collective) would say
+    # "rank 1: training failed" with its traceback
+    assert "training failed" not in err, err[-3000:]
+    assert json.loads((run_dir / LOCK_NAME).read_text())["token"] == "theirs"  # the new holder's lock stays
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "running"  # no status written after
+    assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())  # save_at_end

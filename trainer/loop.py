@@ -1,8 +1,9 @@
 """The training loop: ``train()`` -> ``train_step()`` -> one forward/backward per micro-batch, DeepSpeed steps.
 
 Per optimizer step every rank runs ``gradient_accumulation_steps`` micro-batches, then ONE all-reduce of a small
-vector carries the loss and metric sums, the token count, the non-finite count and the preemption flag, so logging,
-the NaN guard and the "save now" decision cost no extra collective and every rank agrees on them.
+vector carries the loss and metric sums, the token count, the non-finite count, the preemption flag and whether rank
+0's lock of the run folder was taken over, so logging, the NaN guard, the "save now" and "stop now" decisions cost no
+extra collective and every rank agrees on them.
 
 Exit statuses of a run (``trainer/pretrain.py`` returns them): ``trainer/run_status.py``.
 """
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from trainer import checkpoint
 from trainer.config import RunConfig, checkpoint_dir
 from trainer.metrics import MetricsLogger
+from trainer.run_lock import RunLock, RunLockLostError
 from trainer.run_status import EXIT_OK, EXIT_REQUEUE, write_status
 
 if TYPE_CHECKING:  # the engine imports deepspeed; objectives build Components without it
@@ -50,10 +52,13 @@ class StepResult:
     nonfinite: bool
     preempt: bool
     seconds: float
+    lost_folder: bool = False
+    """Rank 0's run lock was taken over by another launch (``RunLock.lost``): every rank stops at once."""
 
 
 class NonFiniteLossError(RuntimeError):
     pass
+
 
 
 class PreemptionFlag:
@@ -94,6 +99,8 @@ class Trainer:
     recent_losses: list = field(default_factory=list)
     downstream: DownstreamLauncher | None = None
     """Fine-tunes copies of checkpoints in separate processes (``eval.downstream``), or None."""
+    run_lock: RunLock | None = None
+    """Rank 0's lock of the run folder (``trainer.run_lock``); None on the other ranks."""
 
     # --- one step -----------------------------------------------------------------------------------------------
 
@@ -116,8 +123,9 @@ class Trainer:
                 metric_sums[k] = metric_sums.get(k, 0.0) + torch.as_tensor(v, device=device).detach().double()
         keys = sorted(metric_sums)
         # fp16 loss-scale overflow skips are the scaler's routine, not a non-finite step (Engine docstring)
-        flags = torch.tensor([float(self.engine.unhandled_nonfinite_step()), float(self.preempt.requested)],
-                             dtype=torch.float64, device=device)
+        lost = self.run_lock is not None and self.run_lock.lost
+        flags = torch.tensor([float(lost), float(self.engine.unhandled_nonfinite_step()),
+                              float(self.preempt.requested)], dtype=torch.float64, device=device)
         # One collective for everything the ranks must agree on (on the device: NCCL reduces only device tensors).
         # note: the .tolist() below is the step's one device-to-host sync point.
         packed = torch.cat([torch.stack([loss_sum, *(metric_sums[k] for k in keys), tokens]), flags])
@@ -128,8 +136,8 @@ class Trainer:
         loss = values[0] / n
         metrics = {k: values[1 + i] / n for i, k in enumerate(keys)}
         skipped = values[-2] > 0 or not math.isfinite(loss)
-        return StepResult(loss=loss, metrics=metrics, tokens=int(values[-3]), nonfinite=bool(skipped),
-                          preempt=values[-1] > 0, seconds=time.perf_counter() - start)
+        return StepResult(loss=loss, metrics=metrics, tokens=int(values[-4]), nonfinite=bool(skipped),
+                          preempt=values[-1] > 0, seconds=time.perf_counter() - start, lost_folder=values[-3] > 0)
 
     # --- evaluation ---------------------------------------------------------------------------------------------
 
@@ -188,6 +196,13 @@ class Trainer:
         while state.step < cfg.train.steps:
             lr = self.engine.lr()
             result = self.train_step(batches)
+            if result.lost_folder:  # another launch owns the folder now: write nothing more into it
+                raise RunLockLostError(
+                    f"stopping at step {state.step + 1}: another launch took over the run folder {cfg.run_dir} "
+                    f"while this run was alive (its lock heartbeats stalled for longer than "
+                    f"checkpoint.lock_stale_s = {cfg.checkpoint.lock_stale_s:g} s). This run writes nothing more "
+                    "there: no metrics, checkpoint or status; the other launch continues from the last checkpoint. "
+                    "If this happens without a stall, raise checkpoint.lock_stale_s.")
             state.step += 1
             state.consumed_samples += cfg.train.global_batch_size
             self.recent_losses = (self.recent_losses + [result.loss])[-20:]

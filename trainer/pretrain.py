@@ -119,14 +119,15 @@ def run(args, cfg: RunConfig) -> int:
     # the run folder is ours before anything in it is read or written (another live launch: RunLockedError)
     lock = take_run_folder(cfg.run_dir, cfg.checkpoint.lock_stale_s, rank, device)
     try:
-        return _run_locked(args, cfg, preempt, rank, world_size, grad_accum, device)
+        return _run_locked(args, cfg, preempt, rank, world_size, grad_accum, device, lock)
     finally:
         if lock is not None:
             lock.release()
         engine.restore_environment()  # also after a failure (shutdown() restores it after a finished run)
 
 
-def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_accum: int, device: str) -> int:
+def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_accum: int, device: str,
+                lock=None) -> int:
     """Everything after the run folder is ours: engine, resume, train."""
     import torch
 
@@ -199,7 +200,7 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         downstream = DownstreamLauncher(cfg.eval, cfg.run_dir, rank, say=metrics.message)
     trainer = Trainer(cfg=cfg, engine=ds_engine, comps=comps, state=state, rank=rank, world_size=world_size,
                       grad_accum=grad_accum, metrics=metrics, preempt=preempt, peak_flops=peak,
-                      downstream=downstream)
+                      downstream=downstream, run_lock=lock)
     try:
         status = trainer.train()
     except NonFiniteLossError as err:
@@ -227,7 +228,7 @@ def main(argv=None) -> int:
 
     try:
         return run(args, cfg)
-    except RunLockedError as err:  # the folder belongs to another launch: write nothing into it
+    except RunLockedError as err:  # the folder belongs to another launch (or was taken over): write nothing into it
         print0(f"error: {err}", file=sys.stderr)
         return EXIT_ERROR
     except Exception:  # noqa: BLE001  (any rank's failure: say which rank, then exit non-zero so launchers stop)

@@ -15,8 +15,9 @@ is taken over with a warning: it is renamed to a unique name (only one contender
 the lock judged stale, and removed; then the taker creates its own. A live lock is refused with a message naming
 its holder, except when the holder belongs to the same Slurm job (a requeue whose old processes have not exited
 yet): then the launch waits for it to be released or to go stale, at most ``2 * stale_s``, and refuses after that,
-so a requeue never hangs forever. A holder whose heartbeat finds another token in the file has lost the folder and
-says so on stderr.
+so a requeue never hangs forever. A holder whose heartbeat finds another token in the file has lost the folder: it
+says so on stderr, and the training loop stops every rank at the next step with ``RunLockLostError`` (no metrics,
+checkpoint or status written after that).
 """
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ LOCK_NAME = "run.lock"
 
 class RunLockedError(RuntimeError):
     """The run folder is held by another live launch."""
+
+
+class RunLockLostError(RunLockedError):
+    """This run's lock was taken over by another launch while the run lived: it stops and writes nothing more."""
 
 
 def describe(info: dict, now: float | None = None) -> str:
