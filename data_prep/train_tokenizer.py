@@ -25,7 +25,8 @@ words (HF trainers) or is capped at ``--spm-sentences`` sampled lines (SentenceP
 Reproducibility: every kind gives byte-identical folders (same fingerprint) for the same command and input.
 HF's WordPieceTrainer alone does not (it numbers its "##" tokens in hash-map order and breaks ties between equally
 frequent merges by those numbers: huggingface/tokenizers#1794, fix proposed in PR #2066), so wordpiece and zh train
-in two passes that fix those numbers first (``train_wordpiece``), and the result is renumbered in sorted order.
+in two passes that fix those numbers first (``data_prep/wordpiece_trainer.py``), and the result is renumbered in
+sorted order.
 Shards record the fingerprint of the folder they were built with; keep it.
 """
 from __future__ import annotations
@@ -47,6 +48,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
 
 from data_prep.tokenizer import (HF_CONFIG, HF_SPECIAL_MAP, META_FILE, META_FORMAT, META_VERSION, ROLES, SPM_MODEL,
                                  TOKENIZER_JSON, fingerprint_folder, load_tokenizer)
+from data_prep.wordpiece_trainer import train_wordpiece
 
 
 @dataclass(frozen=True)
@@ -153,115 +155,6 @@ class LineFeed:
 # ---------------------------------------------------------------------------------------------------------- trainers
 def _ordered_specials(kind: Kind) -> list[str]:
     return [kind.specials[role] for role in kind.id_order]
-
-
-def train_wordpiece(lines: Iterable[str], kind_name: str, vocab_size: int, lowercase: bool,
-                    probe_lines: Iterable[str] | None = None):
-    """BERT's pipeline (as transformers' BertTokenizer builds it) trained with HF's WordPieceTrainer.
-
-    HF's trainer is not deterministic (huggingface/tokenizers#1794, fix proposed in PR #2066, not in 0.23): it gives
-    the "##x" continuation tokens their ids in the iteration order of a randomly seeded hash map, and breaks ties
-    between equally frequent merges by pair ids, so two runs on the same text pick different merges (measured on
-    4,000 docstring lines at 3,000 tokens: 6-11 of 3,000 tokens differ between any two runs, and every seeded
-    training run on such a tokenizer gives other numbers). Its ids for tokens that already exist when the words are
-    split are stable, though: special tokens first, in the order given. So with ``probe_lines`` (the same lines
-    again; each iteration reads them anew) a first pass learns the character alphabet and the set of "##x" tokens
-    (a set, independent of hash order), and the real pass gets those "##x" as extra special tokens, in sorted order,
-    and the alphabet as its initial alphabet: every id the merges compare is then fixed, and so is the vocabulary.
-    Above ``WORDPIECE_ALPHABET_LIMIT`` distinct characters the alphabet is the most frequent ones, counted here with
-    ties broken by code point (HF breaks ties at its cut in hash order too: 1,200 CJK characters of equal count gave
-    three different tokenizers in three runs).
-    The extra special tokens are ordinary tokens of the result (the same ones the trainer would have made itself).
-    Cost: the input is read and its words counted twice (the first pass makes no merges): 2.2-2.5 s of CPU against
-    1.5 s for one pass on the 1.7 MB docstring corpus at 8,000 tokens (2026-12-03, machine under load); counting
-    the characters in the first pass adds 0.15 CPU-s there (~12 MB/s, measured under load)."""
-    from tokenizers import trainers
-
-    kind = KINDS[kind_name]
-    specials = _ordered_specials(kind)
-    cap = {} if kind_name == "zh" else {"limit_alphabet": WORDPIECE_ALPHABET_LIMIT}
-    extra, alphabet = [], []
-    if probe_lines is not None:
-        probe = _wordpiece_pipeline(kind, lowercase, None)
-        raw: Counter = Counter()
-
-        def counted(lines):
-            for line in lines:
-                raw.update(line)
-                yield line
-
-        # no alphabet cap here: HF keeps the most frequent characters and breaks ties at the cut in hash order
-        probe.train_from_iterator(counted(probe_lines), trainers.WordPieceTrainer(
-            vocab_size=1, min_frequency=MIN_FREQUENCY, special_tokens=specials, continuing_subword_prefix="##",
-            show_progress=False))
-        found = probe.get_vocab(with_added_tokens=False)
-        alphabet = sorted(t for t in found if len(t) == 1 and t not in specials)
-        if cap and len(alphabet) > cap["limit_alphabet"]:
-            alphabet = _top_characters(raw, probe.normalizer, set(alphabet), cap["limit_alphabet"])
-        # given as the initial alphabet it is kept whole and nothing else is (HF ranks initial characters above
-        # every counted one); "##x" exist for the kept characters only, as HF's trainer makes them
-        kept = set(alphabet)
-        extra = sorted(t for t in found if t.startswith("##") and len(t) == 3 and t[2] in kept)
-    scratch = _wordpiece_pipeline(kind, lowercase, None)
-    scratch.train_from_iterator(lines, trainers.WordPieceTrainer(
-        vocab_size=vocab_size, min_frequency=MIN_FREQUENCY, special_tokens=specials + extra,
-        continuing_subword_prefix="##", show_progress=False, initial_alphabet=alphabet, **cap))
-    # a fresh tokenizer: the scratch one holds the extra "##x" as added special tokens, which would split text
-    return _wordpiece_pipeline(kind, lowercase, _canonical_wordpiece_vocab(
-        scratch.get_vocab(with_added_tokens=False), len(specials)))
-
-
-def _top_characters(raw: Counter, normalizer, known: set[str], limit: int) -> list[str]:
-    """The ``limit`` most frequent of the ``known`` characters, ties broken by code point: HF's WordPieceTrainer
-    counts each character of the normalized words (``raw`` counts the text before normalization; BERT's normalizer
-    maps character by character, so each raw character's count goes to what it normalizes to, whitespace aside)."""
-    counts: Counter = Counter()
-    for ch, n in raw.items():
-        for c in normalizer.normalize_str(ch):
-            if not c.isspace():
-                counts[c] += n
-    ranked = sorted((c for c in counts if c in known), key=lambda c: (-counts[c], c))
-    return sorted(ranked[:limit])
-
-
-def _wordpiece_pipeline(kind: Kind, lowercase: bool, vocab: dict[str, int] | None):
-    """BERT's normalizer, pre-tokenizer, decoder (and, given a vocabulary, its special tokens and [CLS]/[SEP]
-    template) around a WordPiece model."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-
-    unk = kind.specials["unk"]
-    tok = Tokenizer(models.WordPiece(unk_token=unk) if vocab is None else
-                    models.WordPiece(vocab, unk_token=unk, continuing_subword_prefix="##"))
-    # strip_accents=None follows `lowercase`, as in the original BERT (uncased strips accents, cased keeps them).
-    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
-                                                lowercase=lowercase)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece(prefix="##")
-    if vocab is None:
-        return tok
-    # as HF's train() adds the trainer's special tokens: whole, unnormalized, special
-    tok.add_special_tokens([AddedToken(t, single_word=False, lstrip=False, rstrip=False, normalized=False,
-                                       special=True) for t in _ordered_specials(kind)])
-    cls, sep = kind.specials["cls"], kind.specials["sep"]
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
-        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])
-    return tok
-
-
-def _canonical_wordpiece_vocab(vocab: dict[str, int], n_special: int) -> dict[str, int]:
-    """The same tokens with ids that do not depend on hash order. HF's WordPieceTrainer lays out the "##x"
-    continuation alphabet in HashMap order and orders equally frequent merges arbitrarily, so two runs on the same
-    text give the same set of tokens with different ids (and fingerprints). WordPiece matches greedily by string,
-    never by id, so renumbering changes no tokenization: special tokens keep 0..n-1, then characters, "##"
-    characters, and the merged tokens, each group sorted."""
-    ordered = sorted(vocab, key=vocab.get)
-    special, rest = ordered[:n_special], ordered[n_special:]
-    chars = sorted(t for t in rest if len(t) == 1)
-    cont = sorted(t for t in rest if len(t) == 3 and t.startswith("##"))
-    picked = set(chars) | set(cont)
-    merged = sorted(t for t in rest if t not in picked)
-    return {token: i for i, token in enumerate(special + chars + cont + merged)}
 
 
 def train_bbpe(lines: Iterable[str], vocab_size: int):
@@ -471,7 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.kind in ("wordpiece", "zh"):
             # the same lines again, read anew, for the first of the two passes that make training deterministic
             probe = LineFeed(args.input, json_key=args.json_key, limit_bytes=args.limit_bytes, progress=False)
-            tok = train_wordpiece(feed, args.kind, vocab_size, lowercase, probe_lines=probe)
+            kind = KINDS[args.kind]
+            tok = train_wordpiece(feed, kind, _ordered_specials(kind), vocab_size, lowercase,
+                                  None if args.kind == "zh" else WORDPIECE_ALPHABET_LIMIT, MIN_FREQUENCY,
+                                  probe_lines=probe)
         elif args.kind == "bbpe":
             tok = train_bbpe(feed, vocab_size)
         else:
