@@ -307,20 +307,27 @@ def _train_loop(objective, model, train, valid, steps, lr, warmup=30):
     return before, evaluate()
 
 
-@pytest.fixture(scope="module")
-def six_topics(tmp_path_factory):
-    """A WordPiece tokenizer and train/held-out shards of a generated language of 6 topics (tests/finetune_tasks.py
-    ``topic_documents``): a random next segment comes from another topic 5 times in 6."""
-    from finetune_tasks import topic_documents
+def _generated_corpus(root, train: list[list[str]], valid: list[list[str]]):
+    """A 400-token WordPiece tokenizer trained on the ``train`` documents of a generated language (it holds every
+    token the language has) and train/held-out shards of both -> (tokenizer, train prefix, valid prefix)."""
     from test_samples import train_wordpiece
 
-    root = tmp_path_factory.mktemp("topics")
-    train, valid = topic_documents(1500, seed=11, topics=6), topic_documents(200, seed=12, topics=6)
     text = root / "text.txt"
     text.write_text("\n\n".join("\n".join(d) for d in train) + "\n", encoding="utf-8")
     tok = train_wordpiece(text, root / "tok", vocab_size=400)
     return (tok, write_shards(encode_docs(tok, train), root / "train", tok.vocab_size),
             write_shards(encode_docs(tok, valid), root / "valid", tok.vocab_size))
+
+
+@pytest.fixture(scope="module")
+def six_topics(tmp_path_factory):
+    """A WordPiece tokenizer and train/held-out shards of a generated language of 6 topics (tests/finetune_tasks.py
+    ``topic_documents``): a random next segment comes from another topic 5 times in 6."""
+    from finetune_tasks import topic_documents
+
+    root = tmp_path_factory.mktemp("topics")
+    train, valid = topic_documents(1500, seed=11, topics=6), topic_documents(200, seed=12, topics=6)
+    return _generated_corpus(root, train, valid)
 
 
 STEPS, BATCH = 300, 16
@@ -361,15 +368,10 @@ def ordered_language(tmp_path_factory):
     """A WordPiece tokenizer (all ~240 tokens the language has) and train/held-out shards of a generated language whose only signal is
     sentence order (tests/finetune_tasks.py ``ordered_documents``)."""
     from finetune_tasks import ordered_documents
-    from test_samples import train_wordpiece
 
     root = tmp_path_factory.mktemp("ordered")
     train, valid = ordered_documents(1200, seed=3), ordered_documents(150, seed=4)
-    text = root / "text.txt"
-    text.write_text("\n\n".join("\n".join(d) for d in train) + "\n", encoding="utf-8")
-    tok = train_wordpiece(text, root / "tok", vocab_size=400)
-    return (tok, write_shards(encode_docs(tok, train), root / "train", tok.vocab_size),
-            write_shards(encode_docs(tok, valid), root / "valid", tok.vocab_size))
+    return _generated_corpus(root, train, valid)
 
 
 @pytest.mark.slow
