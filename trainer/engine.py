@@ -5,7 +5,7 @@ The training loop talks to ``Engine`` (forward / backward / step / save / load) 
 DeepSpeed JSON named by a recipe holds only engine settings (ZeRO stage, buckets, offload, precision blocks); the
 values the trainer computes (batch sizes, gradient clipping, precision, universal loading) are filled in by
 ``build_ds_config``, once per run, and a JSON that sets them by hand is rejected so they are never duplicated.
-``build_optimizer`` picks the optimizer: DeepSpeed's where one applies (FusedAdam on GPU, DeepSpeedCPUAdam under
+``build_optimizer`` picks the optimizer: DeepSpeed's where one applies (FusedAdam on GPU when prebuilt, DeepSpeedCPUAdam under
 ZeRO-Offload), else ``trainer.optim.build``'s; every one carries the non-finite guard.
 """
 from __future__ import annotations
@@ -179,8 +179,9 @@ def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str, ds_co
       DeepSpeed expects there: torch AdamW on CPU would be 5-7x slower, and FusedAdam cannot step CPU tensors).
       Same update rule as torch AdamW; the fp32 arithmetic differs in the last bits (tests/test_zero_offload.py).
       Compiles ``cpu_adam`` on first use (~75 s on 2 cores, then cached in TORCH_EXTENSIONS_DIR);
-    - ``adamw`` on a GPU: DeepSpeed's FusedAdam (multi-tensor CUDA kernel) when its op is prebuilt or can be built
-      (``fused_adam_op_usable``), else torch's ``AdamW(fused=True)`` (same update rule, one fused kernel too);
+    - ``adamw`` on a GPU: DeepSpeed's FusedAdam (multi-tensor CUDA kernel) when its op is prebuilt
+      (``fused_adam_op_usable``; never JIT-compiled here), else torch's ``AdamW(fused=True)`` (same update rule, one
+      fused kernel too);
     - otherwise (``adamw`` on CPU, ``lamb`` anywhere): ``trainer.optim.build.build_optimizer``.
 
     ``groups`` replaces the default param groups (fine-tuning's per-layer learning rates).
@@ -201,8 +202,8 @@ def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str, ds_co
                 cls = type("GuardedFusedAdam", (NonFiniteGuard, FusedAdam), {})
                 return cls(adam_groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                            adam_w_mode=True)
-            except Exception as err:  # noqa: BLE001  (a JIT build can fail in many ways: nvcc, ninja, a stale lock)
-                why = f"building it failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+            except Exception as err:  # noqa: BLE001  (a prebuilt op built against another torch/CUDA, a bad .so)
+                why = f"loading the prebuilt op failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
         warn0(f"optimizer: DeepSpeed's FusedAdam is not usable ({why}); using torch's AdamW(fused=True) instead, "
               "the same update rule. To use DeepSpeed's, install it with its ops prebuilt: "
               "DS_BUILD_FUSED_ADAM=1 pip install deepspeed (README, 'GPU setup').")
@@ -212,24 +213,24 @@ def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str, ds_co
 
 
 def fused_adam_op_usable() -> tuple[bool, str]:
-    """(whether DeepSpeed's fused_adam op can be loaded, how / why not), without loading it.
+    """(whether DeepSpeed's fused_adam op is prebuilt for this accelerator, how / why not), without loading it.
 
-    Prebuilt into the installed wheel (``DS_BUILD_FUSED_ADAM=1``): yes. Otherwise DeepSpeed JIT-compiles it on first
-    use, which needs nvcc (CUDA_HOME) and ninja: pip-installed torch ships no nvcc, so on most clusters this is
-    where every rank would raise. Even where it can build, every rank of a fresh node compiles into the shared
-    TORCH_EXTENSIONS_DIR at once (minutes; a killed build leaves a lock the next run waits on forever).
+    Only a prebuilt op counts (``DS_BUILD_FUSED_ADAM=1 pip install deepspeed``): this is the very test DeepSpeed's
+    ``OpBuilder.load`` makes before importing the op instead of JIT-compiling it (``installed_ops`` and the
+    accelerator it was built for, deepspeed/ops/op_builder/builder.py). A JIT build is never started, even where
+    nvcc and ninja exist (most clusters): every rank of a fresh node would compile into the shared
+    TORCH_EXTENSIONS_DIR at once inside ``build_optimizer``, before ``deepspeed.initialize``, while the ranks that
+    finished wait in the first broadcast until the process group's timeout (10 min); a killed build leaves a lock
+    the next run waits on forever. torch's ``AdamW(fused=True)`` applies the same update in one fused kernel too.
     """
     from deepspeed.git_version_info import accelerator_name, installed_ops
-    from torch.utils import cpp_extension
 
-    if installed_ops.get("fused_adam", False) and accelerator_name == get_accelerator()._name:
-        return True, "prebuilt"
-    cuda_home = cpp_extension.CUDA_HOME
-    if not cuda_home or not (Path(cuda_home) / "bin" / "nvcc").exists():
-        return False, "not prebuilt, and no nvcc to build it (CUDA_HOME unset or without bin/nvcc)"
-    if not cpp_extension.is_ninja_available():
-        return False, "not prebuilt, and ninja is not installed to build it"
-    return True, f"JIT build with {cuda_home}/bin/nvcc"
+    if not installed_ops.get("fused_adam", False):
+        return False, "its op is not prebuilt into this DeepSpeed install (no JIT build is attempted at start-up)"
+    if accelerator_name != get_accelerator()._name:
+        return False, (f"its op was prebuilt for the {accelerator_name!r} accelerator, not "
+                       f"{get_accelerator()._name!r} (no JIT build is attempted at start-up)")
+    return True, "prebuilt"
 
 
 class Engine:
