@@ -121,6 +121,8 @@ def run(args, cfg: RunConfig) -> int:
     try:
         return _run_locked(args, cfg, preempt, rank, world_size, grad_accum, device, lock)
     finally:
+        from trainer.data.workers import shutdown_workers
+        shutdown_workers()  # the loader workers end with the run (the process leaves through os._exit)
         if lock is not None:
             lock.release()
         engine.restore_environment()  # also after a failure (shutdown() restores it after a finished run)
