@@ -59,10 +59,15 @@ def test_batch_arithmetic():
     cfg = cfg_of()
     assert validate_batch(cfg, 2) == 4  # 16 = 2 x 4 x 2
     assert validate_batch(cfg, 8) == 1
-    with pytest.raises(ConfigError, match=r"global_batch_size=16 is not a multiple .* 3 data-parallel ranks"):
+    # micro_batch_size is a ceiling (tests/test_micro_batch.py): 16 ranks share 16 sequences as micro-batches of 1
+    # (refused before: 16 is not a multiple of 2 x 16)
+    assert validate_batch(cfg_of(world_size=16), 16) == 1
+    with pytest.raises(ConfigError, match=r"global_batch_size=16 cannot be split evenly over 3 data-parallel ranks "
+                                          r".*world sizes that work with it: 1, 2, 4, 8, 16\."):
         validate_batch(cfg, 3)
     explicit = {**RAW, "train": {**RAW["train"], "gradient_accumulation_steps": 2}}
-    with pytest.raises(ConfigError, match=r"global_batch_size=16 != .*gradient_accumulation_steps=2 x 2"):
+    with pytest.raises(ConfigError, match=r"gradient_accumulation_steps=2 does not fit: train.global_batch_size=16 "
+                                          r"over 2 data-parallel ranks is 8 sequences per rank"):
         cfg_of(explicit, world_size=2)
     assert validate_batch(cfg_of(explicit, world_size=4), 4) == 2
 

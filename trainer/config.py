@@ -44,9 +44,11 @@ class TrainConfig(_Section):
     global_batch_size: int = Field(gt=0)
     """Sequences per optimizer step over all ranks (RoBERTa: 8192)."""
     micro_batch_size: int = Field(gt=0)
-    """Sequences per forward/backward on one rank."""
+    """The most sequences per forward/backward on one rank (a per-GPU memory ceiling): the run uses the largest
+    micro-batch not above it that divides global / data-parallel size (``batch_plan``), and says so at start."""
     gradient_accumulation_steps: int | None = Field(default=None, gt=0)
-    """None = computed as global / (micro x data-parallel size); if given, the product must match exactly."""
+    """None = global / (micro x data-parallel size); if given, micro = global / (this x data-parallel size), which
+    must be whole and not above micro_batch_size."""
     eval_every: int = Field(default=0, ge=0)
     """Evaluate on the held-out split every N steps (0 = never)."""
     eval_batches: int = Field(default=4, gt=0)
@@ -233,23 +235,53 @@ def _format_errors(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def validate_batch(cfg: RunConfig, world_size: int) -> int:
-    """Check global = micro x accumulation x data-parallel size; returns the accumulation steps to use."""
-    t = cfg.train
-    per_step = t.micro_batch_size * world_size
-    if t.gradient_accumulation_steps is None:
-        if t.global_batch_size % per_step:
-            raise ConfigError(
-                f"train.global_batch_size={t.global_batch_size} is not a multiple of train.micro_batch_size="
-                f"{t.micro_batch_size} x {world_size} data-parallel ranks = {per_step}; change one of them")
-        return t.global_batch_size // per_step
-    if t.micro_batch_size * t.gradient_accumulation_steps * world_size != t.global_batch_size:
+def batch_plan(train: TrainConfig, world_size: int) -> tuple[int, int]:
+    """(micro-batch, accumulation steps) of ``train`` on ``world_size`` data-parallel ranks.
+
+    ``train.micro_batch_size`` is a per-GPU ceiling (what fits in one device's memory): the micro-batch used is the
+    largest one not above it that divides the per-rank share of the global batch, so a recipe runs unchanged at any
+    world size that divides its global batch. Examples: electra_small (global 128, ceiling 128) on 8 ranks: share 16
+    -> 16 x 1; ernie2_base (768, ceiling 32) on 16 ranks: share 48 -> 24 x 2 (32 does not divide 48); on 64: 12 x 1.
+    An explicit ``train.gradient_accumulation_steps`` is kept: micro = share / it, which must be whole and within the
+    ceiling. Refused (ConfigError): a global batch that the ranks cannot share evenly, naming the world sizes that can.
+    """
+    g, ceiling = train.global_batch_size, train.micro_batch_size
+    if g % world_size:
+        works = [n for n in range(1, g + 1) if g % n == 0]
+        shown = ", ".join(map(str, works[:24])) + (", ..." if len(works) > 24 else "")
         raise ConfigError(
-            f"train.global_batch_size={t.global_batch_size} != train.micro_batch_size={t.micro_batch_size} x "
-            f"train.gradient_accumulation_steps={t.gradient_accumulation_steps} x {world_size} data-parallel ranks "
-            f"= {per_step * t.gradient_accumulation_steps}; fix one, or set gradient_accumulation_steps: null "
-            "to have it computed")
-    return t.gradient_accumulation_steps
+            f"train.global_batch_size={g} cannot be split evenly over {world_size} data-parallel ranks ({g} / "
+            f"{world_size} = {g / world_size:.4g} sequences each); world sizes that work with it: {shown}. Launch on "
+            f"one of those, or set train.global_batch_size to a multiple of {world_size}")
+    share = g // world_size
+    accum = train.gradient_accumulation_steps
+    if accum is not None:
+        if share % accum or share // accum > ceiling:
+            raise ConfigError(
+                f"train.gradient_accumulation_steps={accum} does not fit: train.global_batch_size={g} over "
+                f"{world_size} data-parallel ranks is {share} sequences per rank, which is not {accum} micro-batches "
+                f"of at most train.micro_batch_size={ceiling}; set gradient_accumulation_steps: null to have it "
+                "chosen, or change it")
+        return share // accum, accum
+    micro = max(m for m in range(1, min(ceiling, share) + 1) if share % m == 0)
+    return micro, share // micro
+
+
+def validate_batch(cfg: RunConfig, world_size: int) -> int:
+    """Check that the global batch can be split over ``world_size`` ranks (``batch_plan``); returns the accumulation
+    steps to use."""
+    return batch_plan(cfg.train, world_size)[1]
+
+
+def ceiling_note(train: TrainConfig, world_size: int) -> str:
+    """What a run says once at start when it uses a micro-batch below the ceiling ("" when it uses the ceiling)."""
+    micro, accum = batch_plan(train, world_size)
+    if micro == train.micro_batch_size:
+        return ""
+    share = train.global_batch_size // world_size
+    return (f"train.micro_batch_size={train.micro_batch_size} is a per-GPU ceiling: on {world_size} ranks each rank's "
+            f"share of train.global_batch_size={train.global_batch_size} is {share} sequences, so the micro-batch is "
+            f"{micro} (the largest not above the ceiling that divides {share}) x accumulation {accum}")
 
 
 def load_config(path_or_name: str, overrides: list[str] | tuple[str, ...] = (),

@@ -145,7 +145,18 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Mean of every metric over the held-out micro-batches that report it, over all ranks. Batches may differ in
         what they report (ERNIE's DLM batches, one ERNIE 2.0 task per batch), so each key is averaged over its own
-        batches, never diluted by batches without it."""
+        batches, never diluted by batches without it.
+
+        The training RNG streams are left as they were (``fork_rng``): an objective that samples at evaluation
+        (ELECTRA's generator, ``gumbel_sample``) would otherwise shift the next step's dropout and sampling, and a run
+        preempted at an evaluation step (it saves and stops before evaluating) would not resume onto the uninterrupted
+        run's losses."""
+        device = torch.device(self.engine.device)
+        accelerators = [] if device.type == "cpu" else [device.index or 0]
+        with torch.random.fork_rng(devices=accelerators, device_type="cuda" if device.type == "cpu" else device.type):
+            return self._evaluate()
+
+    def _evaluate(self) -> dict[str, float]:
         self.engine.train(False)
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
@@ -218,14 +229,14 @@ class Trainer:
                 window_tokens, window_time, window_steps = 0, 0.0, 0
             if result.nonfinite:
                 self._nonfinite(result, in_a_row)  # raises after K in a row
-            if cfg.train.eval_every and self.comps.eval_batches and state.step % cfg.train.eval_every == 0:
-                self.metrics.log(state.step, self.evaluate(), split="eval")
-            if result.preempt:
+            if result.preempt:  # save first and only: evaluation would eat into the scheduler's grace (KillWait)
                 self.save()
                 self.metrics.message(f"preempted at step {state.step}: checkpoint saved; exiting with status "
                                      f"{EXIT_REQUEUE} (requeue and run again with --resume auto)")
                 write_status(cfg.run_dir, self.rank, "preempted", state.step)
                 return EXIT_REQUEUE
+            if cfg.train.eval_every and self.comps.eval_batches and state.step % cfg.train.eval_every == 0:
+                self.metrics.log(state.step, self.evaluate(), split="eval")
             if cfg.checkpoint.every_steps and state.step % cfg.checkpoint.every_steps == 0:
                 self.save()
                 last_saved = state.step

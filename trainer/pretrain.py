@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING
 if __package__ in (None, ""):  # run as a script (torchrun trainer/pretrain.py): make `import trainer` work
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.config import ConfigError, RunConfig, checkpoint_dir, load_config, validate_batch  # noqa: E402
+from trainer.config import (  # noqa: E402
+    ConfigError, RunConfig, batch_plan, ceiling_note, checkpoint_dir, load_config,
+)
 from trainer.log import print0  # noqa: E402
 from trainer.run_status import EXIT_CONFIG, EXIT_ERROR, EXIT_NONFINITE, write_status  # noqa: E402
 
@@ -114,13 +116,20 @@ def run(args, cfg: RunConfig) -> int:
 
     preempt = PreemptionFlag()  # before the slow start-up, so an early SIGTERM is not lost
     rank, world_size = engine.init_distributed(cfg.deepspeed.timeout_minutes)
-    grad_accum = validate_batch(cfg, world_size)
+    micro, grad_accum = batch_plan(cfg.train, world_size)
+    if ceiling_note(cfg.train, world_size):
+        print0(ceiling_note(cfg.train, world_size))
+    # From here on the field holds the micro-batch this world size uses (the loaders, DeepSpeed's config and the
+    # objectives' own components all read it); the recipe's ceiling is in the launch's --check output.
+    cfg.train.micro_batch_size = micro
     device = engine.device_name()
     # the run folder is ours before anything in it is read or written (another live launch: RunLockedError)
     lock = take_run_folder(cfg.run_dir, cfg.checkpoint.lock_stale_s, rank, device)
     try:
         return _run_locked(args, cfg, preempt, rank, world_size, grad_accum, device, lock)
     finally:
+        from trainer.data.workers import shutdown_workers
+        shutdown_workers()  # the loader workers end with the run (the process leaves through os._exit)
         if lock is not None:
             lock.release()
         engine.restore_environment()  # also after a failure (shutdown() restores it after a finished run)
@@ -223,6 +232,9 @@ def main(argv=None) -> int:
         return EXIT_CONFIG
     if args.check:
         print0(json.dumps(cfg.model_dump(mode="json"), indent=1))
+        note = ceiling_note(cfg.train, world_size)  # the batch was validated for this world size in load_config
+        print0(note or f"micro batch {cfg.train.micro_batch_size} x accumulation "
+               f"{batch_plan(cfg.train, world_size)[1]} x {world_size} ranks", file=sys.stderr)
         return 0
     from trainer.run_lock import RunLockedError  # no torch: only the standard library
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from .order import PretrainingBatchSampler
+from .workers import WorkerSafeDataLoader
 
 IGNORE_INDEX = -100
 
@@ -69,7 +70,8 @@ def build_dataloader(dataset, collator: Collator, consumed_samples: int, global_
 
     Workers only change *who* builds a sample, never *what* it is (each sample has its own generator), so the
     batches are identical for any ``num_workers``. ``pin_memory`` is on when CUDA is present: pinned host buffers
-    make the host-to-device copy asynchronous.
+    make the host-to-device copy asynchronous. Workers ignore SIGTERM, SIGINT and SIGUSR1 (the rank decides what a stop
+    signal means) and end with the run (``trainer.data.workers``).
     """
     sampler = PretrainingBatchSampler(consumed_samples, global_batch, micro_batch, rank, world_size, total_samples)
     kwargs = {}
@@ -78,9 +80,9 @@ def build_dataloader(dataset, collator: Collator, consumed_samples: int, global_
     # A private generator: every iter(loader) draws a base seed for its workers, and from torch's global RNG that
     # draw would shift the dropout stream, so a resumed run (RNG restored, then a new iterator) would diverge from an
     # uninterrupted one. Samples never use it (each has its own generator).
-    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, num_workers=num_workers,
-                                       pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(0),
-                                       **kwargs)
+    return WorkerSafeDataLoader(dataset, batch_sampler=sampler, collate_fn=collator, num_workers=num_workers,
+                                pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(0),
+                                **kwargs)
 
 
 def build_pretraining_loader(cfg, tokenizer, seed: int, consumed_samples: int, global_batch: int, micro_batch: int,
