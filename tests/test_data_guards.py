@@ -1,0 +1,68 @@
+"""Guards of the data path against wrong results and hangs at cluster scale (issue 21 item 10): a failed index build
+on the builder rank stops the waiting ranks with its error, cache keys follow the code that lays the files out,
+seeds and epochs are bounded before anything starts."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from test_samples import en_prepared, en_tokenizer, write_shards  # noqa: F401
+from trainer.data.cache_file import CachePolicy
+from trainer.data.corpus import IndexedCorpus
+from trainer.data.sample_index import load_or_build
+
+
+def _rank_opens(prefix, cache, rank, launch, queue):
+    """One rank of a job: open the corpus and its segment-pair index as the dataset does (rank 0 builds)."""
+    os.environ.update(RANK=str(rank), TORCHELASTIC_RUN_ID=launch)
+    start = time.monotonic()
+    try:
+        policy = CachePolicy(cache, builder=rank == 0, timeout=30)
+        load_or_build(IndexedCorpus(prefix, policy), "segment-pair", 32, 0.0, 1, False, policy)
+        queue.put((rank, "ok", time.monotonic() - start))
+    except Exception as err:  # noqa: BLE001 - reported to the test
+        queue.put((rank, f"{type(err).__name__}: {err}", time.monotonic() - start))
+
+
+def test_a_failed_build_on_rank_0_stops_the_waiting_rank_with_rank_0s_error(tmp_path):
+    """Rank 0's build raises (one-sentence documents give no segment pairs); rank 1, waiting with a 30 s
+    data.index_wait_timeout, stops with rank 0's error instead of waiting it out (before: TimeoutError after 30 s,
+    with a 1 h default). Two processes as a launcher starts them (RANK and one launch id each)."""
+    import multiprocessing as mp
+
+    prefix = write_shards([[[5 + i % 7, 6, 7]] for i in range(40)], tmp_path / "titles", 100)
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_rank_opens, args=(prefix, tmp_path / "cache", r, "job-1", queue)) for r in (1, 0)]
+    for p in procs:
+        p.start()
+    results = dict((r, (msg, secs)) for r, msg, secs in (queue.get(timeout=120) for _ in procs))
+    for p in procs:
+        p.join(timeout=60)
+    assert results[0][0].startswith("ValueError") and "no 'segment-pair' sample can be built" in results[0][0]
+    message = results[1][0]
+    assert message.startswith("BuildFailed: rank 0") and "no 'segment-pair' sample can be built" in message, message
+    assert "index-titles-segment-pair" in message
+    # a later launch's waiter does not take the earlier launch's note for its own builder's failure: it opens the
+    # file once that builder (here: a thread of this process, another launch) has written it
+    import threading
+
+    os.environ["TORCHELASTIC_RUN_ID"] = "job-2"
+    try:
+        good = write_shards([[[5, 6], [7, 8, 9], [10]] for _ in range(20)], tmp_path / "docs", 100)
+        cache = tmp_path / "cache2"
+        corpus = IndexedCorpus(good, CachePolicy(cache))
+        from trainer.data.cache_file import failure_note_path, settings_hash
+        from trainer.data.sample_index import index_path, index_settings
+
+        key = settings_hash(index_settings(corpus, "segment-pair", 32, 0.0, 1, False))
+        note = failure_note_path(index_path(corpus, "segment-pair", key, cache))
+        note.write_text('{"key": "%s", "launch": "torchrun:job-1:0", "rank": 0, "error": "old"}' % key)
+        threading.Timer(1.0, lambda: load_or_build(corpus, "segment-pair", 32, 0.0, 1, False, cache)).start()
+        index = load_or_build(corpus, "segment-pair", 32, 0.0, 1, False, CachePolicy(cache, builder=False, timeout=60))
+        assert len(index) > 0 and not note.exists()  # the builder removed the old note before building
+    finally:
+        del os.environ["TORCHELASTIC_RUN_ID"]
