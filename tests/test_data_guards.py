@@ -4,6 +4,7 @@ seeds and epochs are bounded before anything starts."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import time
 
 import numpy as np
@@ -66,3 +67,41 @@ def test_a_failed_build_on_rank_0_stops_the_waiting_rank_with_rank_0s_error(tmp_
         assert len(index) > 0 and not note.exists()  # the builder removed the old note before building
     finally:
         del os.environ["TORCHELASTIC_RUN_ID"]
+
+
+def test_cache_keys_follow_the_code_that_lays_the_files_out(tmp_path, monkeypatch):
+    """A shared cache_dir used by two checkouts: the one whose index code differs (here: a copy of index_kernels.py
+    with one line changed, standing in for another checkout's) gets its own index and corpus files instead of the
+    other's. The hand-bumped versions key them too. Before: the keys held the version constants only."""
+    import shutil
+
+    import trainer.data.corpus as C
+    import trainer.data.sample_index as S
+    from trainer.data.sample_index import index_settings, settings_hash
+
+    prefix = write_shards([[[5, 6], [7, 8, 9], [10]] for _ in range(20)], tmp_path / "docs", 100)
+    cache = tmp_path / "cache"
+
+    def keys():
+        corpus = IndexedCorpus(prefix, CachePolicy(cache))
+        index = load_or_build(corpus, "doc-sentences", 32, 0.0, 1, False, cache)
+        assert index.key == settings_hash(index_settings(corpus, "doc-sentences", 32, 0.0, 1, False))
+        return corpus.cache_key(), index.key
+
+    first = keys()
+    assert keys() == first  # the same code: the same files
+    other = tmp_path / "other_checkout"
+    other.mkdir()
+    copies = [Path(shutil.copy(p, other)) for p in S.LAYOUT_SOURCES]
+    monkeypatch.setattr(S, "LAYOUT_SOURCES", tuple(copies))
+    assert keys()[1] == first[1]  # identical sources, another place: still the same index
+    copies[1].write_text(copies[1].read_text() + "\nBLOCK_EXTRA = 1\n")
+    changed = keys()
+    assert changed[0] == first[0] and changed[1] != first[1]
+    monkeypatch.setattr(S, "INDEX_VERSION", S.INDEX_VERSION + 1)
+    assert keys()[1] not in (first[1], changed[1])
+    corpus_copy = Path(shutil.copy(C.LAYOUT_SOURCES[0], other))
+    corpus_copy.write_text(corpus_copy.read_text() + "\n# another layout\n")
+    monkeypatch.setattr(C, "LAYOUT_SOURCES", (corpus_copy,))
+    assert keys()[0] != first[0]
+    assert len(list(cache.glob("corpus-docs-*.bfc"))) == 2 and len(list(cache.glob("index-docs-*.bfc"))) == 3

@@ -60,6 +60,28 @@ def settings_hash(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def code_hash(paths) -> str:
+    """A short sha256 of the source files that lay a cache file out (``paths``, in order): part of its key, so a
+    shared ``cache_dir`` never serves a file written by another checkout's code. Any edit of those files (a comment
+    too) makes the next run build again; the hand-bumped ``*_VERSION`` constants say when a change is meant to."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(_file_digest(str(path)))
+    return digest.hexdigest()[:16]
+
+
+_FILE_DIGESTS: dict = {}
+
+
+def _file_digest(path: str) -> bytes:
+    st = os.stat(path)
+    stamp = (path, st.st_size, st.st_mtime_ns)
+    if stamp not in _FILE_DIGESTS:
+        with open(path, "rb") as f:
+            _FILE_DIGESTS[stamp] = hashlib.sha256(f.read()).digest()
+    return _FILE_DIGESTS[stamp]
+
+
 def launcher_rank() -> int:
     """This process's global rank from the launcher's environment (torchrun/deepspeed, MPI, PMI), else 0."""
     for key in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):

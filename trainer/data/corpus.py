@@ -34,9 +34,11 @@ import numpy as np
 
 from data_prep.manifest import manifest_path, read_manifest
 
-from .cache_file import CachePolicy, CacheWriter, ensure, launcher_rank, settings_hash
+from .cache_file import CachePolicy, CacheWriter, code_hash, ensure, launcher_rank, settings_hash
 
-CORPUS_CACHE_VERSION = 2
+CORPUS_CACHE_VERSION = 3
+"""Bump when the corpus arrays change on purpose; the key also holds ``code_hash(LAYOUT_SOURCES)``."""
+LAYOUT_SOURCES = (Path(__file__),)
 IDX_MAGIC = b"MMIDIDX\x00\x00"  # megatron-core's _INDEX_HEADER
 IDX_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
               8: np.uint16}  # megatron-core's DType codes
@@ -160,7 +162,12 @@ class IndexedCorpus:
 
     # -- the mapped arrays -----------------------------------------------------------------------------------------
     def cache_key(self) -> str:
-        return settings_hash({"version": CORPUS_CACHE_VERSION, "corpus": self.fingerprint()})
+        """The corpus cache file's key: computed once and pickled with the corpus, so a worker started after the
+        source changed on disk still opens the file its parent opened."""
+        if getattr(self, "_cache_key", None) is None:
+            self._cache_key = settings_hash({"version": CORPUS_CACHE_VERSION, "code": code_hash(LAYOUT_SOURCES),
+                                             "corpus": self.fingerprint()})
+        return self._cache_key
 
     @property
     def cache_path(self) -> Path:
