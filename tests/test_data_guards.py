@@ -105,3 +105,54 @@ def test_cache_keys_follow_the_code_that_lays_the_files_out(tmp_path, monkeypatc
     monkeypatch.setattr(C, "LAYOUT_SOURCES", (corpus_copy,))
     assert keys()[0] != first[0]
     assert len(list(cache.glob("corpus-docs-*.bfc"))) == 2 and len(list(cache.glob("index-docs-*.bfc"))) == 3
+
+
+@pytest.mark.parametrize("setting, key", [("seed=-1", "seed"), (f"seed={2**32}", "seed"),
+                                          ("data.masking.dupe_factor=16777216", "data.masking.dupe_factor")])
+def test_seeds_and_epochs_out_of_range_are_refused_at_validation(setting, key):
+    """``--set seed=-1`` passed validation and raised OverflowError in a loader worker (sample_key); 2**32 and up
+    overflowed numpy's legacy seeding (np.random.seed) at start-up."""
+    from trainer.config import ConfigError, apply_override, config_from_dict
+
+    raw = {"run_dir": "/tmp/x", "model": {"vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 2},
+           "data": {"corpora": [{"prefix": "unused"}]}, "objective": {"name": "mlm"},
+           "train": {"steps": 10, "global_batch_size": 16, "micro_batch_size": 2}, "optim": {"lr": 1e-3},
+           "deepspeed": {"config": "ds_configs/zero2.json"}}
+    assert config_from_dict(raw).seed == 1234
+    apply_override(raw, setting)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        config_from_dict(raw)
+
+
+def test_finetune_seed_is_bounded():
+    from pydantic import ValidationError
+
+    from trainer.finetune.config import FinetuneConfig
+
+    assert FinetuneConfig(seed=0).seed == 0
+    for bad in (-1, 2**32):
+        with pytest.raises(ValidationError, match="seed"):
+            FinetuneConfig(seed=bad)
+
+
+def test_a_run_past_the_epochs_a_sample_key_numbers_is_refused_when_the_loader_is_built(tmp_path):
+    """train.steps x global batch over a tiny corpus past 2**24 epochs: refused when the loader is built (before any
+    step), naming the settings. Before: the loader was built and the first batch past the limit raised
+    OverflowError in a worker, after hours of training."""
+    from types import SimpleNamespace
+
+    from trainer.data.config import DataConfig
+    from trainer.data.dataset import PretrainingDataset
+    from trainer.data.loader import Collator, build_dataloader
+
+    MAX_EPOCHS = 1 << 24  # the epochs sample_key numbers (24 bits)
+    prefix = write_shards([[[5, 6, 7], [8, 9]] for _ in range(6)], tmp_path / "tiny", 100)
+    cfg = DataConfig(corpora=[{"prefix": str(prefix)}], format="doc-sentences", max_seq_length=16,
+                     cache_dir=str(tmp_path / "cache"), num_workers=0)
+    tok = SimpleNamespace(pad_id=0, cls_id=1, sep_id=2, mask_id=3, vocab_size=100, special_ids=[0, 1, 2, 3])
+    dataset = PretrainingDataset(cfg, tok, seed=1)
+    collator = Collator(0, 16, 20)
+    n = len(dataset)
+    build_dataloader(dataset, collator, 0, n, n, 0, 1, total_samples=MAX_EPOCHS * n, num_workers=0)  # the limit
+    with pytest.raises(ValueError, match=r"train\.steps x train\.global_batch_size .* lower train\.steps"):
+        build_dataloader(dataset, collator, 0, n, n, 0, 1, total_samples=(MAX_EPOCHS + 1) * n, num_workers=0)
