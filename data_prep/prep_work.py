@@ -237,7 +237,8 @@ def up_to_date(prefix: str, identity: dict, tokenizer) -> bool:
     root = mf.manifest_path(prefix).parent
     for s in old["shards"]:
         bin_path, idx_path = root / (s["prefix"] + ".bin"), root / (s["prefix"] + ".idx")
-        if not (bin_path.exists() and idx_path.exists() and bin_path.stat().st_size == s["bin_bytes"]):
+        if not (bin_path.exists() and idx_path.exists() and bin_path.stat().st_size == s["bin_bytes"]
+                and idx_path.stat().st_size == mf.idx_bytes(s["sentences"], s["documents"])):
             return False
     return True
 

@@ -262,3 +262,38 @@ def test_world_from_the_launcher_environment(monkeypatch, env, world):
         monkeypatch.setenv(key, value)
     w = build_indexed.detect_world()
     assert (w.rank, w.size, w.local_size) == world
+
+
+def test_a_cut_short_or_extended_shard_is_refused_at_open_and_the_named_command_rebuilds_it(
+        en_slice, en_tokenizer, tmp_path):
+    """Issue 21 item 4: a .bin cut to half (an interrupted copy) or an .idx with extra bytes stops the corpus open
+    (every rank opens it before any step) with the shard's name and the command that rebuilds the corpus; that
+    command, run as printed, restores the corpus. Before: the half .bin opened, and its samples came back empty."""
+    import shlex
+
+    from trainer.data.corpus import IndexedCorpus
+
+    prefix = tmp_path / "c"
+    assert build([en_slice], en_tokenizer, prefix, "--chunk-size-mb", "0.2", "--split-sentences") == 0
+    good = output_files(prefix)
+    corpus = IndexedCorpus(prefix)
+    tokens = corpus.num_sentences
+    shard = Path(f"{prefix}_00001.bin")
+    shard.write_bytes(good[shard.name][: len(good[shard.name]) // 2])  # what an interrupted copy leaves
+    with pytest.raises(ValueError, match=r"shard .*c_00001: \.bin is [\d,]+ bytes, the manifest says") as err:
+        IndexedCorpus(prefix)
+    message = str(err.value)
+    assert "c.manifest.json" in message and type(err.value).__name__ == "ShardMismatch"
+    command = message.split("rebuild the corpus with\n    ")[1].split("\n")[0]
+    args = shlex.split(command)
+    assert args[:3] == ["python", "-m", "data_prep.build_indexed"] and "--split-sentences" in args
+    assert "--chunk-size-mb" in args and str(en_slice) in args and str(prefix) in args
+    assert build_indexed.main(args[3:]) == 0  # the printed command, as a user would paste it
+    assert output_files(prefix) == good and IndexedCorpus(prefix).num_sentences == tokens
+    # an .idx with trailing bytes: refused too, and the same command rebuilds it (it was "up to date" before)
+    idx = Path(f"{prefix}_00002.idx")
+    idx.write_bytes(good[idx.name] + b"\0" * 8)
+    with pytest.raises(ValueError, match=r"shard .*c_00002: \.idx is [\d,]+ bytes"):
+        IndexedCorpus(prefix)
+    assert build_indexed.main(args[3:]) == 0
+    assert output_files(prefix) == good

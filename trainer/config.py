@@ -105,7 +105,9 @@ class RunConfig(_Section):
 
     run_dir: str
     """Where metrics, status, config.json and (by default) checkpoints of the run go."""
-    seed: int = 1234
+    seed: int = Field(default=1234, ge=0, lt=2**32)
+    """Weights, dropout and sample order. Below 2**32: numpy's legacy seeding takes no more, and a sample's key
+    holds 48 bits of it (trainer/data/dataset.py ``sample_key``)."""
     train: TrainConfig
     optim: OptimConfig
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)

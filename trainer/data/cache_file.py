@@ -24,7 +24,10 @@ Coordination without ``flock`` (Lustre mounted ``noflock`` raises; ``localflock`
 ``NAME`` (atomic on POSIX filesystems, Lustre and NFS included); the other ranks poll for a valid ``NAME`` up to
 ``timeout`` seconds. Two builders racing (two jobs on one cache) both rename complete, identical files: the last
 rename wins and readers that mapped the first keep a valid inode. A builder killed mid-write leaves only its
-temporary file (removed by the next builder on the same host) and no final file, so a rerun builds again.
+temporary file (removed by the next builder on the same host) and no final file, so a rerun builds again. A builder
+whose build raises leaves ``NAME.failed.json`` (its error, rank, host and launch id) before re-raising; waiting ranks
+of the same launch check for it at every poll (at most 2 s apart) and stop with that error (``BuildFailed``) instead
+of waiting out ``timeout`` (1 h by default). The next builder removes it before building.
 """
 from __future__ import annotations
 
@@ -57,6 +60,28 @@ def settings_hash(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def code_hash(paths) -> str:
+    """A short sha256 of the source files that lay a cache file out (``paths``, in order): part of its key, so a
+    shared ``cache_dir`` never serves a file written by another checkout's code. Any edit of those files (a comment
+    too) makes the next run build again; the hand-bumped ``*_VERSION`` constants say when a change is meant to."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(_file_digest(str(path)))
+    return digest.hexdigest()[:16]
+
+
+_FILE_DIGESTS: dict = {}
+
+
+def _file_digest(path: str) -> bytes:
+    st = os.stat(path)
+    stamp = (path, st.st_size, st.st_mtime_ns)
+    if stamp not in _FILE_DIGESTS:
+        with open(path, "rb") as f:
+            _FILE_DIGESTS[stamp] = hashlib.sha256(f.read()).digest()
+    return _FILE_DIGESTS[stamp]
+
+
 def launcher_rank() -> int:
     """This process's global rank from the launcher's environment (torchrun/deepspeed, MPI, PMI), else 0."""
     for key in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
@@ -77,6 +102,63 @@ class CachePolicy:
     workers: int = 1
     hint: str = "python -m trainer.data.build_index --config RECIPE"
     """the command that builds the cache ahead of a job, printed in errors"""
+
+
+class BuildFailed(RuntimeError):
+    """The builder rank failed to build a cache file that this rank waits for; the message holds the builder's error."""
+
+
+def launch_id() -> str:
+    """What identifies this launch of the job to all of its ranks (and to no other launch): the launcher's run id,
+    Slurm's job and step, or the rendezvous address; "" when started without a launcher."""
+    env = os.environ
+    if env.get("TORCHELASTIC_RUN_ID"):
+        return "torchrun:" + env["TORCHELASTIC_RUN_ID"] + ":" + env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm:{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '')}:{env.get('SLURM_RESTART_COUNT', '0')}"
+    if env.get("OMPI_MCA_ess_base_jobid"):
+        return "mpi:" + env["OMPI_MCA_ess_base_jobid"]
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        return f"rdzv:{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    return ""
+
+
+def failure_note_path(path: str | os.PathLike) -> Path:
+    """Where a failed builder leaves its error for the ranks waiting on ``path``: ``NAME.failed.json``."""
+    path = Path(path)
+    return path.with_name(path.name + ".failed.json")
+
+
+def _write_failure_note(note: Path, key: str, what: str, err: BaseException) -> None:
+    """Best effort: the waiting ranks stop within seconds with this error instead of waiting out
+    ``data.index_wait_timeout``. Written atomically (temporary name, rename), as the cache files are."""
+    text = json.dumps({"key": key, "what": what, "launch": launch_id(), "rank": launcher_rank(),
+                       "host": socket.gethostname(), "pid": os.getpid(), "time": time.time(),
+                       "error": f"{type(err).__name__}: {err}"})
+    tmp = note.with_name(f".{note.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    try:
+        note.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        os.replace(tmp, note)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_failure_note(note: Path, key: str, waited_from: float) -> dict | None:
+    """The builder's failure note if it is about this key and this launch: the same launch id, or without a launcher
+    id, a note written after this rank began to wait (on a shared filesystem the file's time is the server's, so
+    allow 60 s of clock difference). A note of an earlier launch is ignored (its builder removes it)."""
+    try:
+        found = json.loads(note.read_text())
+        written = note.stat().st_mtime
+    except (OSError, ValueError):
+        return None
+    if found.get("key") != key:
+        return None
+    mine = launch_id()
+    if mine or found.get("launch"):
+        return found if found.get("launch") == mine else None
+    return found if written >= waited_from - 60 else None
 
 
 def _aligned(n: int) -> int:
@@ -118,7 +200,8 @@ class CacheWriter:
         part = np.ascontiguousarray(part, dtype=spec[0])
         if part.shape[1:] != spec[1]:
             raise ValueError(f"{name}: rows of shape {part.shape[1:]}, declared {spec[1]}")
-        self._f.write(memoryview(part).cast("B"))  # no copy
+        if part.size:  # (memoryview cannot cast an empty 2-D view: a block with no samples)
+            self._f.write(memoryview(part).cast("B"))  # no copy
         spec[2] += len(part)
 
     def commit(self, meta: dict | None = None) -> Path:
@@ -239,14 +322,25 @@ def ensure(path: str | os.PathLike, kind: str, key: str, build: Callable[[Path],
         raise FileNotFoundError(
             f"{what} {path} is {'missing' if reason is None else 'invalid: ' + reason} and data.require_prebuilt_index"
             f" is set: build it before the job with\n    {policy.hint}")
+    note = failure_note_path(path)
     if policy.builder:
-        build(path)
+        note.unlink(missing_ok=True)  # an earlier launch's failure is not this one's
+        try:
+            build(path)
+        except BaseException as err:
+            _write_failure_note(note, key, what, err)
+            raise
         return open_cache(path, kind, key)
     deadline = time.monotonic() + policy.timeout
+    waited_from = time.time()
     delay = 0.2
     while True:
         time.sleep(delay)
-        delay = min(delay * 1.5, 5.0)
+        delay = min(delay * 1.5, 2.0)
+        failed = _read_failure_note(note, key, waited_from)
+        if failed is not None:
+            raise BuildFailed(f"rank {failed.get('rank', 0)} ({failed.get('host')}) failed to build {what} {path}: "
+                              f"{failed.get('error')}")
         try:
             return open_cache(path, kind, key)
         except (FileNotFoundError, CacheInvalid) as err:

@@ -27,7 +27,7 @@ class MaskingConfig(BaseModel):
     max_span: int = Field(10, ge=1)
     dynamic: bool = True
     """True: a fresh pattern each time a sample is seen (RoBERTa); False: static, as BERT's offline data"""
-    dupe_factor: int = Field(1, ge=1)
+    dupe_factor: int = Field(1, ge=1, lt=2**24)
     """static masking only: number of distinct patterns per sample, cycled over epochs (BERT's dupe_factor)"""
 
     @model_validator(mode="after")

@@ -34,9 +34,11 @@ import numpy as np
 
 from data_prep.manifest import manifest_path, read_manifest
 
-from .cache_file import CachePolicy, CacheWriter, ensure, launcher_rank, settings_hash
+from .cache_file import CachePolicy, CacheWriter, code_hash, ensure, launcher_rank, settings_hash
 
-CORPUS_CACHE_VERSION = 2
+CORPUS_CACHE_VERSION = 3
+"""Bump when the corpus arrays change on purpose; the key also holds ``code_hash(LAYOUT_SOURCES)``."""
+LAYOUT_SOURCES = (Path(__file__),)
 IDX_MAGIC = b"MMIDIDX\x00\x00"  # megatron-core's _INDEX_HEADER
 IDX_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
               8: np.uint16}  # megatron-core's DType codes
@@ -80,6 +82,48 @@ def idx_arrays(shard_prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return lengths, pointers, docs
 
 
+class ShardMismatch(ValueError):
+    """A shard's files disagree with the manifest (sizes or counts): cut short, extended or rewritten."""
+
+
+def check_shard(shard_prefix: str, spec: dict, prefix: str, manifest: dict) -> IdxHeader:
+    """The shard's ``.idx`` header, after checking both files against the manifest entry ``spec``: the ``.bin``
+    size (``bin_bytes``), the ``.idx`` size its counts imply, and the header's counts. Costs two ``stat`` calls and
+    one 34-byte read per shard (what opening needed anyway), never a checksum (``inspect_indexed`` does that).
+
+    Without it, a ``.bin`` cut short by an interrupted copy is read as empty samples (numpy clamps a slice past the
+    end of a map) and the run trains on ``[CLS] [SEP]`` rows."""
+    from data_prep.manifest import idx_bytes, manifest_path, rebuild_command  # noqa: PLC0415
+
+    def refuse(problem: str) -> ShardMismatch:
+        return ShardMismatch(
+            f"shard {shard_prefix}: {problem} (manifest {manifest_path(prefix)}): the shard was cut short, extended "
+            f"or rewritten after the manifest (an interrupted copy?). Copy it again from the source, or rebuild the "
+            f"corpus with\n    {rebuild_command(prefix, manifest)}\n(check a corpus with python -m "
+            f"data_prep.inspect_indexed {prefix})")
+
+    sizes = {}
+    for suffix in (".bin", ".idx"):
+        try:
+            sizes[suffix] = os.stat(shard_prefix + suffix).st_size
+        except FileNotFoundError:
+            raise refuse(f"{Path(shard_prefix).name}{suffix} is missing") from None
+    if sizes[".bin"] != spec["bin_bytes"]:
+        raise refuse(f".bin is {sizes['.bin']:,} bytes, the manifest says {spec['bin_bytes']:,}")
+    want_idx = idx_bytes(spec["sentences"], spec["documents"])
+    if sizes[".idx"] != want_idx:
+        raise refuse(f".idx is {sizes['.idx']:,} bytes, {spec['sentences']:,} sentences in {spec['documents']:,} "
+                     f"documents (the manifest) make {want_idx:,}")
+    h = idx_header(shard_prefix)
+    if (h.sequences, h.documents - 1) != (spec["sentences"], spec["documents"]):
+        raise refuse(f".idx holds {h.sequences:,} sentences in {h.documents - 1:,} documents, the manifest says "
+                     f"{spec['sentences']:,} in {spec['documents']:,}")
+    if h.dtype.itemsize * spec["tokens"] != spec["bin_bytes"]:
+        raise refuse(f"the manifest's {spec['tokens']:,} tokens of {h.dtype} are not its {spec['bin_bytes']:,} "
+                     ".bin bytes")
+    return h
+
+
 @dataclass
 class _Shard:
     prefix: str
@@ -108,11 +152,7 @@ class IndexedCorpus:
         first = 0
         for spec in self.manifest["shards"]:
             shard_prefix = str(root / spec["prefix"])
-            h = idx_header(shard_prefix)
-            if "sentences" in spec and spec["sentences"] != h.sequences:
-                raise ValueError(
-                    f"{shard_prefix}.idx holds {h.sequences} sentences but the manifest says {spec['sentences']}: "
-                    "the shard was rewritten after the manifest; rebuild the corpus")
+            h = check_shard(shard_prefix, spec, self.prefix, self.manifest)
             self._shards.append(_Shard(shard_prefix, first, h.dtype))
             self._shard_docs.append(max(h.documents - 1, 0))
             first += h.sequences
@@ -122,7 +162,12 @@ class IndexedCorpus:
 
     # -- the mapped arrays -----------------------------------------------------------------------------------------
     def cache_key(self) -> str:
-        return settings_hash({"version": CORPUS_CACHE_VERSION, "corpus": self.fingerprint()})
+        """The corpus cache file's key: computed once and pickled with the corpus, so a worker started after the
+        source changed on disk still opens the file its parent opened."""
+        if getattr(self, "_cache_key", None) is None:
+            self._cache_key = settings_hash({"version": CORPUS_CACHE_VERSION, "code": code_hash(LAYOUT_SOURCES),
+                                             "corpus": self.fingerprint()})
+        return self._cache_key
 
     @property
     def cache_path(self) -> Path:

@@ -52,6 +52,9 @@ def _manifest_vocab(prefix) -> int | None:
     return int((read_manifest(prefix).get("tokenizer") or {}).get("vocab_size", 0)) or None
 
 
+MAX_EPOCHS = 1 << 24  # epochs a sample key can number (sample_key)
+
+
 def sample_key(seed: int, corpus: int, epoch: int, sample_id: int) -> np.ndarray:
     """Philox's 128-bit key of one sample: seed (48 bits) and corpus (16) | epoch (24) and sample id (40)."""
     if sample_id >= 1 << 40 or epoch >= 1 << 24 or corpus >= 1 << 16 or not 0 <= seed < 1 << 48:
@@ -96,6 +99,19 @@ class PretrainingDataset:
 
     def __len__(self) -> int:
         return sum(len(b.index) for b in self.builders)
+
+    def check_stream(self, total_samples: int) -> None:
+        """Refuse, before any step, a run whose samples lie past the epochs a sample key can number (``MAX_EPOCHS``
+        of each corpus); without this the first such batch raises OverflowError in a loader worker."""
+        reps = int(total_samples) // self.blend.period + 1
+        for c, builder in enumerate(self.builders):
+            local = int(total_samples) if len(self.builders) == 1 else reps * int(self.blend.per_period[c])
+            epochs = -(-local // len(builder.index))
+            if epochs > MAX_EPOCHS:
+                raise ValueError(
+                    f"train.steps x train.global_batch_size = {int(total_samples):,} samples would read "
+                    f"{self.corpora[c].prefix} ({len(builder.index):,} samples) {epochs:,} times, more than the {MAX_EPOCHS:,} epochs a "
+                    "sample key numbers; lower train.steps or use a larger corpus")
 
     def locate(self, position: int) -> tuple[int, int, int]:
         """(corpus, epoch, sample id) read at a global stream position."""

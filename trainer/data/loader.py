@@ -74,6 +74,8 @@ def build_dataloader(dataset, collator: Collator, consumed_samples: int, global_
     signal means) and end with the run (``trainer.data.workers``).
     """
     sampler = PretrainingBatchSampler(consumed_samples, global_batch, micro_batch, rank, world_size, total_samples)
+    if total_samples is not None and hasattr(dataset, "check_stream"):
+        dataset.check_stream(total_samples)  # before any step, not in a worker at the first batch past the limit
     kwargs = {}
     if num_workers > 0:
         kwargs = {"prefetch_factor": prefetch_factor, "persistent_workers": True}

@@ -42,11 +42,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache_file import CachePolicy, CacheWriter, ensure, settings_hash  # noqa: F401 (settings_hash re-exported)
+from .cache_file import CachePolicy, CacheWriter, code_hash, ensure, settings_hash  # noqa: F401 (settings_hash re-exported)
 from .corpus import IndexedCorpus, idx_arrays
 from .order import M64, mix64
 
-INDEX_VERSION = 2
+INDEX_VERSION = 3
+"""Bump when the index layout changes on purpose; the key also holds ``code_hash(LAYOUT_SOURCES)``."""
+LAYOUT_SOURCES = (Path(__file__).with_name("sample_index.py"), Path(__file__).with_name("index_kernels.py"))
+"""The modules whose code decides the chunks: any change to them keys a new index (cache_file.code_hash)."""
 WITHIN_DOCUMENT = ("segment-pair", "sentence-pair", "doc-sentences", "sop-pair")
 BLOCK = 1 << 20
 
@@ -113,7 +116,7 @@ class Layout:
 def index_settings(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_prob: float, index_seed: int,
                    pack: bool) -> dict:
     """Everything the index depends on (and nothing else: not the training seed); its hash keys the cache file."""
-    return {"version": INDEX_VERSION, "corpus": corpus.fingerprint(), "format": fmt,
+    return {"version": INDEX_VERSION, "code": code_hash(LAYOUT_SOURCES), "corpus": corpus.fingerprint(), "format": fmt,
             "max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "index_seed": index_seed,
             "pack": bool(pack and fmt == "doc-sentences")}
 

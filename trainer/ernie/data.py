@@ -6,6 +6,8 @@ blending, and the per-sample generator ``sample_rng(seed, corpus, epoch, sample 
 also on its optimizer step ``position // global_batch`` (the knowledge-masking level; the ERNIE 2.0 tasks of that
 step; DLM or MLM), which is again a function of the position, so a sample stays a pure function of (seed, position)
 and resumes exactly. All samples of one step share a task set, so every micro-batch has the same keys on every rank.
+Steps whose rows come from other files (DLM dialogues, discourse and IR relevance pairs) take no corpus position: the
+corpus stream counts corpus steps only (``locate_corpus``), so an epoch still reads every corpus sample once.
 """
 from __future__ import annotations
 
@@ -84,6 +86,17 @@ class ErnieCorpusBase(PretrainingDataset):
     def level_at(self, step: int) -> str:
         return self.fixed_level or self.km.level_at(step)
 
+    def corpus_steps_before(self, step: int) -> int:
+        """Steps before ``step`` whose rows come from the corpus (the subclasses' special steps, DLM or labelled
+        pairs, read other files and take no corpus samples)."""
+        return step
+
+    def locate_corpus(self, position: int) -> tuple[int, int, int]:
+        """(corpus, epoch, sample id) of a corpus row at a global position: the corpus stream counts corpus steps
+        only, so a special step skips no corpus samples and an epoch still covers every sample once."""
+        step, slot = divmod(int(position), self.global_batch)
+        return self.locate(self.corpus_steps_before(step) * self.global_batch + slot)
+
     def chunk(self, c: int, sample_id: int) -> tuple[int, int]:
         start, end, _ = (int(x) for x in self.builders[c].index.sample_chunks(sample_id)[0])
         return start, end
@@ -147,6 +160,11 @@ class KnowledgeMaskedDataset(ErnieCorpusBase):
     def is_dlm_step(self, step: int) -> bool:
         return self.dialogues is not None and self.dlm_every > 0 and step % self.dlm_every == self.dlm_every - 1
 
+    def corpus_steps_before(self, step: int) -> int:
+        if self.dialogues is None or self.dlm_every <= 0:
+            return step
+        return step - step // self.dlm_every  # DLM steps k-1, 2k-1, ...: step // k of them before ``step``
+
     def build_row(self, position: int) -> dict:
         step = position // self.global_batch
         level = self.level_at(step)
@@ -157,7 +175,7 @@ class KnowledgeMaskedDataset(ErnieCorpusBase):
             row = self.pending(s["input_ids"], s["spans"], level, rng)
             row.update(role_ids=s["role_ids"], dlm_label=s["dlm_label"])
             return row
-        c, epoch, sample_id = self.locate(position)
+        c, epoch, sample_id = self.locate_corpus(position)
         row, _, _ = self.corpus_row(c, sample_id, level, sample_rng(self.seed, c, epoch, sample_id))
         return row
 
@@ -179,12 +197,29 @@ class MultiTaskDataset(ErnieCorpusBase):
                 raise ValueError("the capitalization task needs a cased tokenizer with both spellings of words "
                                  "(train it with --cased); this one has no upper/lower-case pairs")
 
+    def corpus_steps_before(self, step: int) -> int:
+        """Steps before ``step`` that are not labelled-pair steps (discourse, IR relevance): from a running count
+        over the plan (8 bytes per step, built on first use in each process), or per cycle of ``EvalPlan``."""
+        masks = getattr(self.plan, "masks", None)
+        if masks is None:  # EvalPlan: its formats cycle
+            pair = [self._sentence_task(set(f)) in PAIR_TASKS for f in self.plan.formats]
+            whole, part = divmod(step, len(pair))
+            return step - whole * sum(pair) - sum(pair[:part])
+        if getattr(self, "_corpus_steps", None) is None:
+            bits = sum(1 << k for k, n in enumerate(self.plan.names) if n in PAIR_TASKS)
+            corpus_step = (np.asarray(masks, np.int64) & bits) == 0
+            self._corpus_steps = np.concatenate([[0], np.cumsum(corpus_step, dtype=np.int64)])
+        return int(self._corpus_steps[min(step, len(self._corpus_steps) - 1)])
+
+    def _sentence_task(self, names: set) -> str | None:
+        return next((n for n in self.plan.names if n in names and n in SENTENCE_TASKS), None)
+
     def build_row(self, position: int) -> dict:
         step = position // self.global_batch
         names = set(self.plan.tasks_at(step))
         level = self.level_at(step)
-        sentence_task = next((n for n in self.plan.names if n in names and n in SENTENCE_TASKS), None)
-        if sentence_task in ("discourse", "ir_relevance"):
+        sentence_task = self._sentence_task(names)
+        if sentence_task in PAIR_TASKS:
             rng = sample_rng(self.seed, PAIR_CORPUS_KEY, 0, position)
             f = self.pair_files[sentence_task]
             a, b, label = f[int(rng.integers(0, len(f)))]
@@ -193,7 +228,7 @@ class MultiTaskDataset(ErnieCorpusBase):
             row["token_type_ids"] = types
             row[f"{sentence_task}_label"] = label
         else:
-            c, epoch, sample_id = self.locate(position)
+            c, epoch, sample_id = self.locate_corpus(position)
             rng = sample_rng(self.seed, c, epoch, sample_id)
             start, end = self.chunk(c, sample_id)
             if sentence_task == "sentence_reorder":
@@ -271,6 +306,7 @@ class MultiTaskDataset(ErnieCorpusBase):
 
 
 SENTENCE_TASKS = ("sentence_reorder", "sentence_distance", "discourse", "ir_relevance")
+PAIR_TASKS = ("discourse", "ir_relevance")  # rows from a labelled pair file, not the corpus
 SCALAR_KEYS = ("dlm_label", "sentence_reorder_label", "sentence_distance_label", "discourse_label",
                "ir_relevance_label")
 PAD = {"token_type_ids": 0, "role_ids": 0, "task_ids": 0, "capitalization_labels": IGNORE,

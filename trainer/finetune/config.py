@@ -91,7 +91,8 @@ class FinetuneConfig(_Section):
     optim: FinetuneOptim = Field(default_factory=FinetuneOptim)
     schedule: FinetuneSchedule = Field(default_factory=FinetuneSchedule)
     deepspeed: FinetuneDeepSpeed = Field(default_factory=FinetuneDeepSpeed)
-    seed: int = 1234
+    seed: int = Field(default=1234, ge=0, lt=2**32)
+    """Below 2**32 (numpy's legacy seeding); runs of a sweep use seed, seed + 1, ..."""
     run_dir: str | None = None
     """Results go to RUN_DIR/finetune/<task>/; None = the checkpoint's run folder (or the model folder)."""
     tokenizer: str | None = None

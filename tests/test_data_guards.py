@@ -1,0 +1,158 @@
+"""Guards of the data path against wrong results and hangs at cluster scale (issue 21 item 10): a failed index build
+on the builder rank stops the waiting ranks with its error, cache keys follow the code that lays the files out,
+seeds and epochs are bounded before anything starts."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+import time
+
+import numpy as np
+import pytest
+
+from test_samples import en_prepared, en_tokenizer, write_shards  # noqa: F401
+from trainer.data.cache_file import CachePolicy
+from trainer.data.corpus import IndexedCorpus
+from trainer.data.sample_index import load_or_build
+
+
+def _rank_opens(prefix, cache, rank, launch, queue):
+    """One rank of a job: open the corpus and its segment-pair index as the dataset does (rank 0 builds)."""
+    os.environ.update(RANK=str(rank), TORCHELASTIC_RUN_ID=launch)
+    start = time.monotonic()
+    try:
+        policy = CachePolicy(cache, builder=rank == 0, timeout=30)
+        load_or_build(IndexedCorpus(prefix, policy), "segment-pair", 32, 0.0, 1, False, policy)
+        queue.put((rank, "ok", time.monotonic() - start))
+    except Exception as err:  # noqa: BLE001 - reported to the test
+        queue.put((rank, f"{type(err).__name__}: {err}", time.monotonic() - start))
+
+
+def test_a_failed_build_on_rank_0_stops_the_waiting_rank_with_rank_0s_error(tmp_path):
+    """Rank 0's build raises (one-sentence documents give no segment pairs); rank 1, waiting with a 30 s
+    data.index_wait_timeout, stops with rank 0's error instead of waiting it out (before: TimeoutError after 30 s,
+    with a 1 h default). Two processes as a launcher starts them (RANK and one launch id each)."""
+    import multiprocessing as mp
+
+    prefix = write_shards([[[5 + i % 7, 6, 7]] for i in range(40)], tmp_path / "titles", 100)
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_rank_opens, args=(prefix, tmp_path / "cache", r, "job-1", queue)) for r in (1, 0)]
+    for p in procs:
+        p.start()
+    results = dict((r, (msg, secs)) for r, msg, secs in (queue.get(timeout=120) for _ in procs))
+    for p in procs:
+        p.join(timeout=60)
+    assert results[0][0].startswith("ValueError") and "no 'segment-pair' sample can be built" in results[0][0]
+    message = results[1][0]
+    assert message.startswith("BuildFailed: rank 0") and "no 'segment-pair' sample can be built" in message, message
+    assert "index-titles-segment-pair" in message
+    # a later launch's waiter does not take the earlier launch's note for its own builder's failure: it opens the
+    # file once that builder (here: a thread of this process, another launch) has written it
+    import threading
+
+    os.environ["TORCHELASTIC_RUN_ID"] = "job-2"
+    try:
+        good = write_shards([[[5, 6], [7, 8, 9], [10]] for _ in range(20)], tmp_path / "docs", 100)
+        cache = tmp_path / "cache2"
+        corpus = IndexedCorpus(good, CachePolicy(cache))
+        from trainer.data.cache_file import failure_note_path, settings_hash
+        from trainer.data.sample_index import index_path, index_settings
+
+        key = settings_hash(index_settings(corpus, "segment-pair", 32, 0.0, 1, False))
+        note = failure_note_path(index_path(corpus, "segment-pair", key, cache))
+        note.write_text('{"key": "%s", "launch": "torchrun:job-1:0", "rank": 0, "error": "old"}' % key)
+        threading.Timer(1.0, lambda: load_or_build(corpus, "segment-pair", 32, 0.0, 1, False, cache)).start()
+        index = load_or_build(corpus, "segment-pair", 32, 0.0, 1, False, CachePolicy(cache, builder=False, timeout=60))
+        assert len(index) > 0 and not note.exists()  # the builder removed the old note before building
+    finally:
+        del os.environ["TORCHELASTIC_RUN_ID"]
+
+
+def test_cache_keys_follow_the_code_that_lays_the_files_out(tmp_path, monkeypatch):
+    """A shared cache_dir used by two checkouts: the one whose index code differs (here: a copy of index_kernels.py
+    with one line changed, standing in for another checkout's) gets its own index and corpus files instead of the
+    other's. The hand-bumped versions key them too. Before: the keys held the version constants only."""
+    import shutil
+
+    import trainer.data.corpus as C
+    import trainer.data.sample_index as S
+    from trainer.data.sample_index import index_settings, settings_hash
+
+    prefix = write_shards([[[5, 6], [7, 8, 9], [10]] for _ in range(20)], tmp_path / "docs", 100)
+    cache = tmp_path / "cache"
+
+    def keys():
+        corpus = IndexedCorpus(prefix, CachePolicy(cache))
+        index = load_or_build(corpus, "doc-sentences", 32, 0.0, 1, False, cache)
+        assert index.key == settings_hash(index_settings(corpus, "doc-sentences", 32, 0.0, 1, False))
+        return corpus.cache_key(), index.key
+
+    first = keys()
+    assert keys() == first  # the same code: the same files
+    other = tmp_path / "other_checkout"
+    other.mkdir()
+    copies = [Path(shutil.copy(p, other)) for p in S.LAYOUT_SOURCES]
+    monkeypatch.setattr(S, "LAYOUT_SOURCES", tuple(copies))
+    assert keys()[1] == first[1]  # identical sources, another place: still the same index
+    copies[1].write_text(copies[1].read_text() + "\nBLOCK_EXTRA = 1\n")
+    changed = keys()
+    assert changed[0] == first[0] and changed[1] != first[1]
+    monkeypatch.setattr(S, "INDEX_VERSION", S.INDEX_VERSION + 1)
+    assert keys()[1] not in (first[1], changed[1])
+    corpus_copy = Path(shutil.copy(C.LAYOUT_SOURCES[0], other))
+    corpus_copy.write_text(corpus_copy.read_text() + "\n# another layout\n")
+    monkeypatch.setattr(C, "LAYOUT_SOURCES", (corpus_copy,))
+    assert keys()[0] != first[0]
+    assert len(list(cache.glob("corpus-docs-*.bfc"))) == 2 and len(list(cache.glob("index-docs-*.bfc"))) == 3
+
+
+@pytest.mark.parametrize("setting, key", [("seed=-1", "seed"), (f"seed={2**32}", "seed"),
+                                          ("data.masking.dupe_factor=16777216", "data.masking.dupe_factor")])
+def test_seeds_and_epochs_out_of_range_are_refused_at_validation(setting, key):
+    """``--set seed=-1`` passed validation and raised OverflowError in a loader worker (sample_key); 2**32 and up
+    overflowed numpy's legacy seeding (np.random.seed) at start-up."""
+    from trainer.config import ConfigError, apply_override, config_from_dict
+
+    raw = {"run_dir": "/tmp/x", "model": {"vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 2},
+           "data": {"corpora": [{"prefix": "unused"}]}, "objective": {"name": "mlm"},
+           "train": {"steps": 10, "global_batch_size": 16, "micro_batch_size": 2}, "optim": {"lr": 1e-3},
+           "deepspeed": {"config": "ds_configs/zero2.json"}}
+    assert config_from_dict(raw).seed == 1234
+    apply_override(raw, setting)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        config_from_dict(raw)
+
+
+def test_finetune_seed_is_bounded():
+    from pydantic import ValidationError
+
+    from trainer.finetune.config import FinetuneConfig
+
+    assert FinetuneConfig(seed=0).seed == 0
+    for bad in (-1, 2**32):
+        with pytest.raises(ValidationError, match="seed"):
+            FinetuneConfig(seed=bad)
+
+
+def test_a_run_past_the_epochs_a_sample_key_numbers_is_refused_when_the_loader_is_built(tmp_path):
+    """train.steps x global batch over a tiny corpus past 2**24 epochs: refused when the loader is built (before any
+    step), naming the settings. Before: the loader was built and the first batch past the limit raised
+    OverflowError in a worker, after hours of training."""
+    from types import SimpleNamespace
+
+    from trainer.data.config import DataConfig
+    from trainer.data.dataset import PretrainingDataset
+    from trainer.data.loader import Collator, build_dataloader
+
+    MAX_EPOCHS = 1 << 24  # the epochs sample_key numbers (24 bits)
+    prefix = write_shards([[[5, 6, 7], [8, 9]] for _ in range(6)], tmp_path / "tiny", 100)
+    cfg = DataConfig(corpora=[{"prefix": str(prefix)}], format="doc-sentences", max_seq_length=16,
+                     cache_dir=str(tmp_path / "cache"), num_workers=0)
+    tok = SimpleNamespace(pad_id=0, cls_id=1, sep_id=2, mask_id=3, vocab_size=100, special_ids=[0, 1, 2, 3])
+    dataset = PretrainingDataset(cfg, tok, seed=1)
+    collator = Collator(0, 16, 20)
+    n = len(dataset)
+    build_dataloader(dataset, collator, 0, n, n, 0, 1, total_samples=MAX_EPOCHS * n, num_workers=0)  # the limit
+    with pytest.raises(ValueError, match=r"train\.steps x train\.global_batch_size .* lower train\.steps"):
+        build_dataloader(dataset, collator, 0, n, n, 0, 1, total_samples=(MAX_EPOCHS + 1) * n, num_workers=0)
