@@ -233,6 +233,21 @@ def fused_adam_op_usable() -> tuple[bool, str]:
     return True, "prebuilt"
 
 
+def _wrapper_skips_nonfinite_steps(wrapper) -> bool:
+    """True when DeepSpeed's optimizer wrapper skips a step with a non-finite global gradient norm itself (setting
+    ``.overflow``, which the engine reads): ``BF16_Optimizer`` always (``is_invalid_grad_norm``); ZeRO-1/2's
+    ``DeepSpeedZeroOptimizer`` when it checks overflow or computes the norm outside bf16 (DeepSpeed 0.19.8,
+    ``stage_1_and_2.step``). ZeRO-3 and stage 0 keep our guard."""
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    if isinstance(wrapper, BF16_Optimizer):
+        return True
+    if isinstance(wrapper, DeepSpeedZeroOptimizer):
+        return bool(wrapper.check_grad_overflow or (wrapper.compute_grad_norm and wrapper.dtype != torch.bfloat16))
+    return False
+
+
 class Engine:
     """A DeepSpeed engine as the loop sees it."""
 
@@ -244,6 +259,8 @@ class Engine:
         args = None if get_accelerator().device_name() == "cpu" else SimpleNamespace(device_rank=local_device_index())
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             args=args, model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+        if isinstance(optimizer, NonFiniteGuard) and _wrapper_skips_nonfinite_steps(self.engine.optimizer):
+            optimizer.checked_by_wrapper = True  # the guard would only repeat DeepSpeed's check, once per group
         if isinstance(optimizer, Lamb) and self.zero_stage > 0:
             # A ZeRO-partitioned LAMB needs the partition layout to compute per-parameter trust ratios.
             zero_lamb.bind_zero_layout(self.engine)

@@ -41,7 +41,7 @@ class Components:
     eval_batches: Callable[[], Iterable[dict]] | None = None
     """This rank's held-out micro-batches (the same ones at every evaluation)."""
     flops_per_token: float = 0.0
-    """Training FLOPs per token of ``model`` (``trainer.metrics.model_flops_per_token``), for MFU; 0 = not logged."""
+    """Training FLOPs per token of ``model`` (``trainer.flops.train_flops_per_token``), for MFU; 0 = not logged."""
 
 
 @dataclass

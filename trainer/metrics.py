@@ -4,9 +4,9 @@
 ``samples_per_s``, ``grad_norm``, ``loss_scale``, ``mfu``, ``skipped`` and each objective's own metrics), and one per
 evaluation with ``"split": "eval"``. ``python -m trainer.plot RUN_DIR`` reads it back.
 
-MFU is model FLOPs per second over the peak: training costs ~6 FLOPs per parameter per token (forward 2, backward 4)
-for the dense weights, plus the attention score/value products, 12 * layers * hidden * seq per token
-(PaLM paper, appendix B). Embedding lookups are not matmuls and are left out. The peak is ``logging.peak_tflops`` per
+MFU is model FLOPs per second over the peak: the FLOPs per token are counted for the layers as applied
+(``trainer/flops.py``: ALBERT's shared layer once per application, ELECTRA's generator and discriminator, every head
+the forward computes). The peak is ``logging.peak_tflops`` per
 rank, else the vendor's dense peak for this GPU model at the training's matmul dtype (``PEAK_TFLOPS``; fp32 counts
 as tf32 when torch allows TF32 matmuls), else a large matmul at the training dtype measured once at start-up
 (synchronised; it lands below the datasheet, so MFU reads high by that margin: the table is preferred).
@@ -21,17 +21,6 @@ from pathlib import Path
 import torch
 
 from trainer.log import print0
-
-
-def model_flops_per_token(model: torch.nn.Module, seq_len: int, num_layers: int = 0, hidden: int = 0) -> float:
-    """Training FLOPs per token: 6 x non-embedding parameters + the attention products (12 L H T)."""
-    embedding = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
-    seen, total = set(), 0
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel()
-    return 6.0 * (total - embedding) + 12.0 * num_layers * hidden * seq_len
 
 
 # Dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, TFLOP/s per GPU, by matmul dtype. Matched in order

@@ -70,7 +70,7 @@ def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) ->
     from trainer.data.dataset import PretrainingDataset
     from trainer.data.loader import Collator, build_dataloader, build_pretraining_loader
     from trainer.loop import Components
-    from trainer.metrics import model_flops_per_token
+    from trainer.flops import train_flops_per_token
     from trainer.objectives import get_objective
 
     objective = get_objective(cfg.objective)
@@ -102,7 +102,7 @@ def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) ->
         return build_dataloader(valid[0], collator, 0, per_eval, cfg.train.micro_batch_size, rank, world_size,
                                 per_eval, cfg.data.num_workers, cfg.data.prefetch_factor)
 
-    flops = model_flops_per_token(model, cfg.data.max_seq_length, cfg.model.num_layers, cfg.model.hidden_size)
+    flops = train_flops_per_token(model, cfg.data.max_seq_length, cfg.data.masking.max_predictions_per_seq)
     return Components(model=model, loss=objective.loss, train_batches=train_batches,
                       eval_batches=eval_batches if cfg.data.valid_corpora else None, flops_per_token=flops)
 

@@ -16,7 +16,7 @@ from trainer.ernie.dlm import DialogueFile
 from trainer.ernie.tasks import PairTaskFile
 from trainer.log import print0
 from trainer.loop import Components
-from trainer.metrics import model_flops_per_token
+from trainer.flops import train_flops_per_token
 
 
 def build_dataset(cfg, tokenizer, objective, split: str = "train", global_batch: int | None = None):
@@ -76,6 +76,7 @@ def ernie_components(cfg, rank: int, world_size: int, device: str, objective) ->
         def eval_batches():
             return build_dataloader(valid, collate, 0, per_eval, micro, rank, world_size, per_eval, 0)
 
-    flops = model_flops_per_token(model, cfg.data.max_seq_length, cfg.model.num_layers, cfg.model.hidden_size)
+    flops = train_flops_per_token(model, cfg.data.max_seq_length,
+                                  objective.options.knowledge_masking.max_predictions_per_seq)
     return Components(model=model, loss=objective.loss, train_batches=train_batches, eval_batches=eval_batches,
                       flops_per_token=flops)

@@ -27,11 +27,20 @@ class NonFiniteGuard:
     rank (equal, padded partitions), so the collective always matches.
 
     Costs one ``_foreach_norm`` over the gradients, one all-reduce of a scalar and one host sync per step.
+
+    ``checked_by_wrapper``: set by ``trainer.engine.Engine`` when DeepSpeed's ZeRO-1/2 or bf16 optimizer wraps this
+    one. Those compute the global gradient norm over all ranks anyway and skip the whole step, before calling this
+    optimizer, when it is not finite; they also call ``step`` once per param group (ZeRO-1/2), where the guard
+    would compute a norm, all-reduce and sync per group, and could skip one group but not the other.
     """
 
     overflow = False
+    checked_by_wrapper = False
 
     def step(self, closure=None):
+        if self.checked_by_wrapper:
+            self.overflow = False
+            return super().step(closure)
         params = [p for group in self.param_groups for p in group["params"]]
         grads = [p.grad for p in params if p.grad is not None]
         device = grads[0].device if grads else (params[0].device if params else torch.device("cpu"))
