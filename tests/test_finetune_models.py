@@ -200,7 +200,8 @@ def test_bad_checkpoints_and_tokenizers_fail_before_training(work, tmp_path, cap
         (["--checkpoint", str(bert), "--task", "mnli"], "lacks ['dev_matched.tsv', 'dev_mismatched.tsv']"),
         (["--checkpoint", str(bert), "--set", "optim.lr=-1"], "optim.lr: Input should be greater than 0"),
         (["--checkpoint", str(bert), "--set", "train.globl_batch=3"], "unknown key"),
-        (["--checkpoint", str(bert), "--task", "squad"], "unknown task 'squad'"),
+        (["--checkpoint", str(bert), "--task", "squadx"], "unknown task 'squadx'"),
+        (["--checkpoint", str(bert), "--task", "squad"], "task squad: "),  # a GLUE folder has no SQuAD files
     ]
     for extra, message in cases:
         code = finetune_main(base + extra)

@@ -45,8 +45,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def task_spec(cfg):
+    from trainer.finetune.kinds import task_kind
     from trainer.finetune.tasks import TaskSpec, glue_task
     t = cfg.task
+    kind = task_kind(t)  # jsonl, ner, squad, race, swag (trainer/finetune/kinds.py)
+    if kind is not None:
+        return kind
     if t.name != "tsv":
         return glue_task(t.name)
     return TaskSpec("tsv", t.train_file, dict(t.dev_files), t.text_a, t.text_b, t.label,
@@ -111,7 +115,7 @@ def main(argv=None) -> int:
 
 def train_and_report(args, configs, spec, splits, source, tokenizer) -> int:
     from trainer import engine as ds
-    from trainer.finetune.run import encode, resolved_precision, run_one
+    from trainer.finetune.run import encode_split, resolved_precision, run_one
     from trainer.finetune.sweep import format_table, summarize, write_json
     from trainer.log import print0
 
@@ -119,8 +123,9 @@ def train_and_report(args, configs, spec, splits, source, tokenizer) -> int:
     rank, world = ds.init_distributed(cfg0.deepspeed.timeout_minutes)
     device = ds.device_name()
     family, types = source.cfg.family, source.cfg.type_vocab_size
-    max_len = min(cfg0.train.max_seq_length, source.cfg.max_position_embeddings - source.cfg.position_offset)
-    data = {name: encode(tokenizer, split.examples, max_len, family, types) for name, split in splits.items()}
+    max_len = min(cfg0.train.max_seq_length or getattr(spec, "max_seq_length", 128),
+                  source.cfg.max_position_embeddings - source.cfg.position_offset)
+    data = {name: encode_split(spec, tokenizer, split, max_len, family, types) for name, split in splits.items()}
     devs = {name: d for name, d in data.items() if name != "train"}
     init = "random init (train.from_scratch)" if cfg0.train.from_scratch else f"{source.kind} {args.checkpoint}"
     print0(f"fine-tuning {spec.name} from {init}: {family}, {len(data['train'].ids)} training examples, "
@@ -129,7 +134,8 @@ def train_and_report(args, configs, spec, splits, source, tokenizer) -> int:
     for setting, cfg in configs:
         for i in range(cfg.train.seeds):
             seed = cfg.seed + i
-            result = run_one(cfg, source, spec, data["train"], devs, tokenizer.pad_id, seed, rank, world, device)
+            result = run_one(cfg, source, spec, data["train"], devs, tokenizer.pad_id, seed, rank, world, device,
+                             len(runs))
             runs.append({"setting": setting, "seed": seed, "lr": cfg.optim.lr, **result})
             scores = "  ".join(f"{sp}/{m}={100 * v:.2f}" for sp, ms in result["metrics"].items() for m, v in ms.items())
             print0(f"  {setting} seed {seed}: {scores}  (loss {result['train_loss_first']:.3f} -> "

@@ -22,7 +22,8 @@ class _Section(BaseModel):
 
 class TaskSection(_Section):
     name: str | None = None
-    """A GLUE task (cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli) or tsv; normally given as --task."""
+    """A GLUE task (cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli), tsv, jsonl, ner, squad, race or swag;
+    normally given as --task."""
     data: str | None = None
     """The task's folder in GLUE's layout (train.tsv, dev.tsv; MNLI dev_matched/dev_mismatched); normally --data."""
     train_file: str = "train.tsv"
@@ -43,7 +44,22 @@ class TaskSection(_Section):
     header: bool = True
     """tsv only: the files start with a header line."""
     skip_malformed: bool = False
-    """tsv only: skip (and count) lines with too few columns instead of stopping at the first."""
+    """tsv, jsonl, ner, squad, race, swag: skip (and count) malformed lines or records instead of stopping."""
+    scheme: Literal["bio", "iob1", "bioes"] = "bio"
+    """ner: the tag scheme of the CoNLL files (a tag outside it stops the run)."""
+    token_column: int = Field(default=0, ge=0)
+    """ner: the column of the token (the tag is always the last column)."""
+    doc_stride: int = Field(default=128, gt=0)
+    """squad: tokens between the starts of a context's windows (BERT: 128)."""
+    max_query_length: int = Field(default=64, gt=0)
+    """squad: questions are cut to this many tokens (BERT: 64)."""
+    max_answer_length: int = Field(default=30, gt=0)
+    """squad: longest predicted answer, in tokens (BERT: 30)."""
+    n_best_size: int = Field(default=20, gt=0)
+    """squad: best starts and ends per window considered when predicting (BERT: 20)."""
+    answer_metric: Literal["auto", "squad", "cmrc"] = "auto"
+    """squad: SQuAD's official scores, or CMRC 2018's (Chinese: character-level F1); auto = cmrc when the dev
+    contexts are mostly CJK characters."""
 
 
 class FinetuneTrain(_Section):
@@ -52,8 +68,9 @@ class FinetuneTrain(_Section):
     global_batch_size: int = Field(default=32, gt=0)
     micro_batch_size: int = Field(default=32, gt=0)
     """Examples per forward/backward on one rank; global / (micro x ranks) micro-batches are accumulated."""
-    max_seq_length: int = Field(default=128, gt=2)
-    """Pairs are truncated longest-first to fit, [CLS]/[SEP] included."""
+    max_seq_length: int | None = Field(default=None, gt=2)
+    """Pairs are truncated longest-first to fit, [CLS]/[SEP] included; None = the task's default as in the papers
+    (128; squad 384; race 512)."""
     eval_batch_size: int = Field(default=64, gt=0)
     seeds: int = Field(default=1, gt=0)
     """Runs per setting, with seeds seed, seed+1, ...; the median of each metric is reported (papers: 5)."""
@@ -63,6 +80,9 @@ class FinetuneTrain(_Section):
     """Hidden and attention dropout while fine-tuning; None = the checkpoint's (ALBERT v2 pretrains without any)."""
     classifier_dropout: float = Field(default=0.1, ge=0, lt=1)
     """Dropout before the classifier (BERT, ALBERT and ELECTRA use 0.1)."""
+    export_dir: str | None = None
+    """Write each run's fine-tuned model here (``<setting #>_seed<seed>/``) as a Hugging Face folder that
+    ``transformers`` loads (trainer/finetune/heads.py); None = no export."""
 
 
 class FinetuneOptim(OptimConfig):

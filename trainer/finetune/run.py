@@ -93,45 +93,52 @@ def resolved_precision(cfg, device: str) -> str:
 
 
 @torch.no_grad()
-def evaluate(engine, data: Encoded, spec: TaskSpec, batch_size: int, pad_id: int, rank: int, world: int
-             ) -> dict[str, float]:
+def evaluate(engine, data, kind, batch_size: int, pad_id: int, rank: int, world: int) -> dict[str, float]:
+    """The split's scores: each rank predicts every world-th example, the predictions are gathered in order and
+    every rank scores them (``kind.outputs`` / ``kind.score``, trainer/finetune/kinds.py)."""
     import torch.distributed as dist
     engine.train(False)
-    mine = list(range(rank, len(data.ids), world))
+    mine = list(range(rank, kind.size(data), world))
     preds: list = []
     for start in range(0, len(mine), batch_size):
         idx = mine[start:start + batch_size]
-        batch = {k: v.to(engine.device) for k, v in collate(data, idx, pad_id, spec.is_regression).items()}
-        logits = engine(lambda m, b: m(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                                       token_type_ids=b["token_type_ids"]), batch).float()
-        preds += logits.squeeze(-1).tolist() if spec.is_regression else logits.argmax(-1).tolist()
+        batch = {k: v.to(engine.device) for k, v in kind.collate(data, idx, pad_id).items()}
+        preds += engine(kind.outputs, batch)
     engine.train(True)
     pairs = list(zip(mine, preds))
     if dist.is_initialized() and world > 1:
         gathered: list = [None] * world
         dist.all_gather_object(gathered, pairs)
         pairs = [p for part in gathered for p in part]
-    pairs.sort()
-    return compute(spec.metrics, [p for _, p in pairs], data.labels)
+    pairs.sort(key=lambda p: p[0])
+    return kind.score([p for _, p in pairs], data)
+
+
+def encode_split(spec, tokenizer, split, max_len: int, family: str, type_vocab_size: int):
+    """A split's examples as the task's model inputs (GLUE/tsv: ``encode``; other kinds: their own)."""
+    from trainer.finetune.kinds import as_kind
+    return as_kind(spec).encode(tokenizer, split, max_len, family, type_vocab_size)
 
 
 def run_one(cfg, source, spec: TaskSpec, train: Encoded, devs: dict[str, Encoded], pad_id: int, seed: int,
-            rank: int, world: int, device: str) -> dict:
-    """Train on ``train`` with ``cfg`` and ``seed``; returns {"metrics": {split: {metric: v}}, "train_loss", ...}."""
+            rank: int, world: int, device: str, run_index: int = 0) -> dict:
+    """Train on ``train`` with ``cfg`` and ``seed``; returns {"metrics": {split: {metric: v}}, "train_loss", ...}.
+    ``spec``: a GLUE/tsv TaskSpec or a registered kind (trainer/finetune/kinds.py)."""
     from trainer import engine as ds
     from trainer.checkpoint import seed_everything
     from trainer.finetune.config import accumulation
-    from trainer.finetune.model import build_classifier, optimizer_groups
+    from trainer.finetune.kinds import as_kind
+    from trainer.finetune.model import optimizer_groups
     from trainer.optim.config import ScheduleConfig
     from trainer.optim.schedules import build_scheduler
 
     start = time.perf_counter()
     grad_accum = accumulation(cfg, world)
     G, micro = cfg.train.global_batch_size, cfg.train.micro_batch_size
-    steps = max(1, math.ceil(cfg.train.epochs * len(train.ids) / G))
+    kind = as_kind(spec)
+    steps = max(1, math.ceil(cfg.train.epochs * kind.size(train) / G))
     seed_everything(seed)  # the same head init on every rank
-    model = build_classifier(source, spec.num_labels, cfg.train.dropout, cfg.train.classifier_dropout,
-                             cfg.train.from_scratch)
+    model = kind.build_model(source, cfg)
     groups = optimizer_groups(model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay)
     ds_cfg = cfg.model_copy(deep=True)
     ds_cfg.deepspeed.precision = resolved_precision(cfg, device)
@@ -141,14 +148,14 @@ def run_one(cfg, source, spec: TaskSpec, train: Encoded, devs: dict[str, Encoded
     scheduler = build_scheduler(schedule, optimizer, steps)
     engine = ds.Engine(model, optimizer, scheduler, ds_config)
     seed_everything(seed + 1 + rank)  # each rank its own dropout stream
-    stream = sample_stream(len(train.ids), steps, G, seed)
+    stream = sample_stream(kind.size(train), steps, G, seed)
     losses = []
     for step in range(steps):
         total = 0.0
         for k in range(grad_accum):
             lo = (k * world + rank) * micro
-            batch = collate(train, stream[step, lo:lo + micro].tolist(), pad_id, spec.is_regression)
-            loss = engine(task_loss, {key: v.to(engine.device) for key, v in batch.items()})
+            batch = kind.collate(train, stream[step, lo:lo + micro].tolist(), pad_id)
+            loss = engine(kind.loss, {key: v.to(engine.device) for key, v in batch.items()})
             engine.backward(loss)
             engine.step()
             total += float(loss.detach())
@@ -160,8 +167,15 @@ def run_one(cfg, source, spec: TaskSpec, train: Encoded, devs: dict[str, Encoded
         dist.all_reduce(per_step)
         per_step = per_step.cpu() / world
     losses = per_step.tolist()
-    scores = {split: evaluate(engine, data, spec, cfg.train.eval_batch_size, pad_id, rank, world)
+    scores = {split: evaluate(engine, data, kind, cfg.train.eval_batch_size, pad_id, rank, world)
               for split, data in devs.items()}
+    if cfg.train.export_dir and rank == 0:
+        from pathlib import Path
+
+        from trainer.finetune.heads import export_finetuned
+        export_finetuned(model, Path(cfg.train.export_dir) / f"{run_index}_seed{seed}", getattr(source,
+                         "tokenizer_dir", None), getattr(kind, "labels", None) or None,
+                         cfg.train.classifier_dropout)
     tail = losses[-max(1, len(losses) // 10):]
     del engine, optimizer, model
     return {"metrics": scores, "train_loss_last": float(np.mean(tail)), "train_loss_first": losses[0],

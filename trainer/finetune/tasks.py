@@ -65,7 +65,7 @@ GLUE: dict[str, TaskSpec] = {
                      ("accuracy",)),
 }
 ALIASES = {"sst2": "sst-2", "stsb": "sts-b", "sts": "sts-b", "mnli-m": "mnli", "mnli-mm": "mnli"}
-TASK_NAMES = tuple(GLUE) + ("tsv",)
+TASK_NAMES = tuple(GLUE) + ("tsv", "jsonl", "ner", "squad", "race", "swag")
 
 
 def glue_task(name: str) -> TaskSpec:
@@ -161,8 +161,13 @@ def read_split(spec: TaskSpec, path: Path) -> Split:
     return split
 
 
-def read_task(spec: TaskSpec, data_dir: str | Path) -> dict[str, Split]:
-    """{"train": ..., <dev split name>: ...}: every split read and validated (all missing files named at once)."""
+def read_task(spec: TaskSpec, data_dir: str | Path, reader=None) -> dict[str, Split]:
+    """{"train": ..., <dev split name>: ...}: every split read and validated (all missing files named at once).
+    ``reader(spec, path)`` reads one file (default: ``read_split``, tab-separated; jsonl passes its own); a
+    registered kind (trainer/finetune/kinds.py) reads its own layout."""
+    if hasattr(spec, "read"):
+        return spec.read(data_dir)
+    reader = reader or read_split
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise TaskDataError(f"--data {data_dir}: no such folder (the task's folder, e.g. glue_data/RTE)")
@@ -170,4 +175,4 @@ def read_task(spec: TaskSpec, data_dir: str | Path) -> dict[str, Split]:
     missing = [name for name in files.values() if not (data_dir / name).is_file()]
     if missing:
         raise TaskDataError(f"task {spec.name}: {data_dir} lacks {missing} (GLUE layout: {list(files.values())})")
-    return {split: read_split(spec, data_dir / name) for split, name in files.items()}
+    return {split: reader(spec, data_dir / name) for split, name in files.items()}
