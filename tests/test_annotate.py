@@ -198,19 +198,22 @@ def test_sequence_text_rebuilds_text_that_tokenizes_back(tmp_path, kind, zh_corp
     tok = load_tokenizer(out)
     lines = [l for l in corpus.read_text(encoding="utf-8").splitlines()[:400] if l.strip()]
     to_text = annotate.SequenceText(tok)
-    same = 0
-    for ids in tok.encode_batch(lines):
+    differ = []
+    for line, ids in zip(lines, tok.encode_batch(lines)):
         text, offsets = to_text(ids)
         assert len(offsets) == len(ids) and np.all(offsets[:, 0] <= offsets[:, 1])
         assert np.all(np.diff(offsets[:, 0]) >= 0)
-        same += tok.encode(text) == ids
-    assert same / len(lines) > 0.97, f"{kind}: only {same}/{len(lines)} sequences re-encode to their ids"
+        if tok.encode(text) != ids:
+            differ.append((line, text))
+    # every one re-encodes (measured 2026-12-04: 305/305 zh, 391/391 wordpiece and bbpe lines)
+    assert not differ, f"{kind}: {len(differ)}/{len(lines)} sequences do not re-encode to their ids, e.g. {differ[:2]}"
 
 
 @pytest.mark.slow
 def test_annotate_existing_corpus_matches_in_build_annotation(tmp_path, zh_tok, zh_corpus):
     """`python -m data_prep.annotate PREFIX --annotate jieba` on shards from build_indexed.py gives the side-car
-    the in-build hook gives from the original text (the zh tokenizer is lower-casing: Latin words may differ)."""
+    the in-build hook gives from the original text, span for span. (The zh tokenizer lower-cases, so Latin words
+    could differ between the two; its first 800 lines have none, and all 2,226 spans agree.)"""
     from data_prep import build_indexed
     from data_prep.tokenizer import load_tokenizer
 
@@ -236,7 +239,9 @@ def test_annotate_existing_corpus_matches_in_build_annotation(tmp_path, zh_tok, 
     hook = sidecar.SidecarReader(tmp_path / "hook", expect_sequences=len(offline))
     a = {tuple(r) for r in np.asarray(offline.spans).tolist()}
     b = {tuple(r) for r in np.asarray(hook.spans).tolist()}
-    assert len(a) > 1000 and len(a & b) / len(a | b) > 0.95
+    assert len(a) > 1000
+    assert a == b, (f"{len(a ^ b)} of {len(a | b)} spans differ, e.g. offline only {sorted(a - b)[:5]}, "
+                    f"hook only {sorted(b - a)[:5]}")
 
 
 def test_names_moved_out_of_annotate_still_import_from_it():
