@@ -216,3 +216,75 @@ def test_init_from_is_consolidated_once_by_rank_0(tmp_path, monkeypatch):
         checkpoint.init_weights(source, cache, rank=0)
     with pytest.raises(RuntimeError, match="rank 0 failed to consolidate.*init_from.*OSError: shard missing"):
         checkpoint.init_weights(source, cache, rank=1, wait_s=5, poll_s=0.02)
+
+
+def test_a_save_replaces_another_lineages_checkpoint_of_its_step_and_skips_its_own(tmp_path, capsys):
+    """Lineage (issue 21): a complete checkpoint of this step is "already saved" only if this run wrote it; one of
+    another run id is moved aside (never deleted) and saved again."""
+    root = tmp_path / "checkpoints"
+    checkpoint.save(FakeEngine(), root, TrainState(step=8), {"lr": 1}, rank=0, world_size=1, keep_last=3,
+                    run_id="old")
+    assert checkpoint.read_state(root / "global_step8")["run_id"] == "old"
+    checkpoint.save(FakeEngine(), root, TrainState(step=8), {"lr": 2}, rank=0, world_size=1, keep_last=3,
+                    run_id="new")
+    assert checkpoint.read_state(root / "global_step8")["config"] == {"lr": 2}
+    assert checkpoint.read_state(root / "global_step8")["run_id"] == "new"
+    (aside,) = root.glob("abandoned-*")
+    assert checkpoint.read_state(aside / "global_step8")["run_id"] == "old"
+    assert json.loads((aside / "moved.json").read_text())["moved"][0]["run_id"] == "old"
+    assert "belonged to another run" in capsys.readouterr().err
+    before = (root / "global_step8" / checkpoint.STATE_FILE).stat().st_mtime_ns
+    checkpoint.save(FakeEngine(), root, TrainState(step=8), {"lr": 3}, rank=0, world_size=1, keep_last=3,
+                    run_id="new")  # the same run again (a preemption right after a periodic save): nothing written
+    assert (root / "global_step8" / checkpoint.STATE_FILE).stat().st_mtime_ns == before
+    assert checkpoint.complete_checkpoints(root) == [root / "global_step8"]  # the moved one is not a candidate
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_rollback_and_fresh_start_in_a_used_folder_start_new_lineages(tmp_path):
+    """Real 1-rank runs of the stand-in trainer. A roll-back to step 4 with another learning rate writes its own
+    checkpoints at 8 and 12 (main skipped them as "already saved" and a later --resume auto continued the abandoned
+    weights); --resume auto then continues the new lineage; --resume none in the used folder keeps its new
+    checkpoints and a valid ``latest`` (main pruned them right after writing them). Nothing is deleted: the
+    abandoned checkpoints are moved aside."""
+    from test_trainer_multiproc import make_config, run
+
+    cfg = make_config(tmp_path, "run", train={"steps": 12, "eval_every": 0},
+                      schedule={"kind": "constant", "warmup_steps": 0},
+                      checkpoint={"every_steps": 4, "keep_last": 3})
+    root = tmp_path / "run" / "checkpoints"
+    run(cfg, 1, "--resume", "none")
+    first = checkpoint.read_state(root / "global_step12")
+    weights_a = (root / "global_step12" / "mp_rank_00_model_states.pt").read_bytes()
+    assert first["run_id"] and first["config"]["optim"]["lr"] == 3e-3
+
+    proc = run(cfg, 1, "--resume", str(root / "global_step4"), "--set", "optim.lr=1e-3")
+    assert "moved aside" in proc.stderr
+    for step in (8, 12):
+        state = checkpoint.read_state(root / f"global_step{step}")
+        assert state["config"]["optim"]["lr"] == 1e-3, step  # really written by the roll-back
+        assert state["run_id"] not in ("", first["run_id"])
+    second = checkpoint.read_state(root / "global_step12")
+    assert (root / "global_step12" / "mp_rank_00_model_states.pt").read_bytes() != weights_a
+    assert (root / "latest").read_text() == "global_step12"
+    (aside,) = root.glob("abandoned-*")
+    assert sorted(p.name for p in aside.iterdir() if p.is_dir()) == ["global_step12", "global_step8"]
+    assert checkpoint.read_state(aside / "global_step12")["run_id"] == first["run_id"]
+    assert (aside / "global_step12" / "mp_rank_00_model_states.pt").read_bytes() == weights_a
+
+    proc = run(cfg, 1, "--resume", "auto", "--set", "train.steps=16", "--set", "optim.lr=1e-3")
+    assert f"resumed from {root / 'global_step12'} at step 12" in proc.stdout
+    assert "moved aside" not in proc.stderr
+    assert checkpoint.read_state(root / "global_step16")["run_id"] == second["run_id"]  # same lineage continues
+    assert len(list(root.glob("abandoned-*"))) == 1
+
+    proc = run(cfg, 1, "--resume", "none", "--set", "train.steps=8")
+    assert "moved aside" in proc.stderr
+    assert (root / "latest").read_text() == "global_step8"
+    assert [p.name for p in checkpoint.complete_checkpoints(root)] == ["global_step4", "global_step8"]
+    third = checkpoint.read_state(root / "global_step8")
+    assert third["run_id"] not in (first["run_id"], second["run_id"])
+    assert checkpoint.resolve_resume(root, "auto") == root / "global_step8"
+    kept = sorted(p.parent.name + "/" + p.name for p in root.glob("abandoned-*/global_step*"))
+    assert len(kept) == 5  # 8, 12 of the first run; 8, 12, 16 of the roll-back (keep_last pruned its step 4)

@@ -140,6 +140,8 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)  # other ranks too (a node-local run_dir)
     root = checkpoint_dir(cfg)
     resume_dir = checkpoint.resolve_resume(root, args.resume)
+    # a start that is not the continuation of the folder's newest checkpoint moves the newer ones aside
+    run_id = checkpoint.begin_lineage(root, resume_dir, rank, device)
     stage = zero_stage(cfg, read_ds_json(cfg))
     universal = resume_dir is not None and checkpoint.needs_universal(resume_dir, world_size, stage)
     if universal:
@@ -200,7 +202,7 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         downstream = DownstreamLauncher(cfg.eval, cfg.run_dir, rank, say=metrics.message)
     trainer = Trainer(cfg=cfg, engine=ds_engine, comps=comps, state=state, rank=rank, world_size=world_size,
                       grad_accum=grad_accum, metrics=metrics, preempt=preempt, peak_flops=peak,
-                      downstream=downstream, run_lock=lock)
+                      downstream=downstream, run_lock=lock, run_id=run_id)
     try:
         status = trainer.train()
     except NonFiniteLossError as err:
