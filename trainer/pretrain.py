@@ -209,6 +209,14 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         metrics.message(str(err))
         write_status(cfg.run_dir, rank, "nonfinite", state.step, str(err))
         status = EXIT_NONFINITE
+    except checkpoint.DiskFullError as err:  # every rank raised it, with the same line: no traceback
+        print(f"rank {rank}: error: {err}", file=sys.stderr, flush=True)
+        try:  # the disk is full: this small write can fail too, and then it says so
+            write_status(cfg.run_dir, rank, "disk_full", state.step, str(err))
+        except OSError as status_err:
+            print(f"rank {rank}: error: could not write {cfg.run_dir}/status.json either ({status_err})",
+                  file=sys.stderr, flush=True)
+        status = EXIT_ERROR
     finally:
         metrics.close()
     engine.shutdown()  # every rank reaches this (the stop decisions above were all-reduced)
@@ -238,8 +246,8 @@ def main(argv=None) -> int:
         print(f"rank {rank}: training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         try:
             write_status(cfg.run_dir, int(rank), "failed", -1, traceback.format_exc(limit=1))
-        except OSError:
-            pass
+        except OSError as err:  # (a full disk): said, not swallowed; the exit status still says failed
+            print(f"rank {rank}: could not write {cfg.run_dir}/status.json: {err}", file=sys.stderr, flush=True)
         return EXIT_ERROR
 
 
