@@ -216,3 +216,174 @@ def test_init_from_is_consolidated_once_by_rank_0(tmp_path, monkeypatch):
         checkpoint.init_weights(source, cache, rank=0)
     with pytest.raises(RuntimeError, match="rank 0 failed to consolidate.*init_from.*OSError: shard missing"):
         checkpoint.init_weights(source, cache, rank=1, wait_s=5, poll_s=0.02)
+
+
+def test_a_save_replaces_another_lineages_checkpoint_of_its_step_and_skips_its_own(tmp_path, capsys):
+    """Lineage (issue 21): a complete checkpoint of this step is "already saved" only if this run wrote it; one of
+    another run id is moved aside (never deleted) and saved again."""
+    root = tmp_path / "checkpoints"
+    checkpoint.save(FakeEngine(), root, TrainState(step=8), {"lr": 1}, rank=0, world_size=1, keep_last=3,
+                    run_id="old")
+    assert checkpoint.read_state(root / "global_step8")["run_id"] == "old"
+    checkpoint.save(FakeEngine(), root, TrainState(step=8), {"lr": 2}, rank=0, world_size=1, keep_last=3,
+                    run_id="new")
+    assert checkpoint.read_state(root / "global_step8")["config"] == {"lr": 2}
+    assert checkpoint.read_state(root / "global_step8")["run_id"] == "new"
+    (aside,) = root.glob("abandoned-*")
+    assert checkpoint.read_state(aside / "global_step8")["run_id"] == "old"
+    assert json.loads((aside / "moved.json").read_text())["moved"][0]["run_id"] == "old"
+    assert "belonged to another run" in capsys.readouterr().err
+    before = (root / "global_step8" / checkpoint.STATE_FILE).stat().st_mtime_ns
+    checkpoint.save(FakeEngine(), root, TrainState(step=8), {"lr": 3}, rank=0, world_size=1, keep_last=3,
+                    run_id="new")  # the same run again (a preemption right after a periodic save): nothing written
+    assert (root / "global_step8" / checkpoint.STATE_FILE).stat().st_mtime_ns == before
+    assert checkpoint.complete_checkpoints(root) == [root / "global_step8"]  # the moved one is not a candidate
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_rollback_and_fresh_start_in_a_used_folder_start_new_lineages(tmp_path):
+    """Real 1-rank runs of the stand-in trainer. A roll-back to step 4 with another learning rate writes its own
+    checkpoints at 8 and 12 (main skipped them as "already saved" and a later --resume auto continued the abandoned
+    weights); --resume auto then continues the new lineage; --resume none in the used folder keeps its new
+    checkpoints and a valid ``latest`` (main pruned them right after writing them). Nothing is deleted: the
+    abandoned checkpoints are moved aside."""
+    from test_trainer_multiproc import make_config, run
+
+    cfg = make_config(tmp_path, "run", train={"steps": 12, "eval_every": 0},
+                      schedule={"kind": "constant", "warmup_steps": 0},
+                      checkpoint={"every_steps": 4, "keep_last": 3})
+    root = tmp_path / "run" / "checkpoints"
+    run(cfg, 1, "--resume", "none")
+    first = checkpoint.read_state(root / "global_step12")
+    weights_a = (root / "global_step12" / "mp_rank_00_model_states.pt").read_bytes()
+    assert first["run_id"] and first["config"]["optim"]["lr"] == 3e-3
+
+    proc = run(cfg, 1, "--resume", str(root / "global_step4"), "--set", "optim.lr=1e-3")
+    assert "moved aside" in proc.stderr
+    for step in (8, 12):
+        state = checkpoint.read_state(root / f"global_step{step}")
+        assert state["config"]["optim"]["lr"] == 1e-3, step  # really written by the roll-back
+        assert state["run_id"] not in ("", first["run_id"])
+    second = checkpoint.read_state(root / "global_step12")
+    assert (root / "global_step12" / "mp_rank_00_model_states.pt").read_bytes() != weights_a
+    assert (root / "latest").read_text() == "global_step12"
+    (aside,) = root.glob("abandoned-*")
+    assert sorted(p.name for p in aside.iterdir() if p.is_dir()) == ["global_step12", "global_step8"]
+    assert checkpoint.read_state(aside / "global_step12")["run_id"] == first["run_id"]
+    assert (aside / "global_step12" / "mp_rank_00_model_states.pt").read_bytes() == weights_a
+
+    proc = run(cfg, 1, "--resume", "auto", "--set", "train.steps=16", "--set", "optim.lr=1e-3")
+    assert f"resumed from {root / 'global_step12'} at step 12" in proc.stdout
+    assert "moved aside" not in proc.stderr
+    assert checkpoint.read_state(root / "global_step16")["run_id"] == second["run_id"]  # same lineage continues
+    assert len(list(root.glob("abandoned-*"))) == 1
+
+    proc = run(cfg, 1, "--resume", "none", "--set", "train.steps=8")
+    assert "moved aside" in proc.stderr
+    assert (root / "latest").read_text() == "global_step8"
+    assert [p.name for p in checkpoint.complete_checkpoints(root)] == ["global_step4", "global_step8"]
+    third = checkpoint.read_state(root / "global_step8")
+    assert third["run_id"] not in (first["run_id"], second["run_id"])
+    assert checkpoint.resolve_resume(root, "auto") == root / "global_step8"
+    kept = sorted(p.parent.name + "/" + p.name for p in root.glob("abandoned-*/global_step*"))
+    assert len(kept) == 5  # 8, 12 of the first run; 8, 12, 16 of the roll-back (keep_last pruned its step 4)
+
+
+class FullDiskEngine(FakeEngine):
+    """A shard write that runs out of space half-way, as ``write(2)`` does on a full filesystem."""
+
+    def __init__(self, error: BaseException):
+        super().__init__()
+        self.error = error
+
+    def save(self, root: Path, tag: str, client_state: dict) -> None:
+        tag_dir = Path(root) / tag
+        tag_dir.mkdir(parents=True, exist_ok=True)
+        with open(tag_dir / "mp_rank_00_model_states.pt", "wb") as f:
+            f.write(b"x" * 4096)
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [
+    OSError(28, "No space left on device"),
+    OSError(122, "Disk quota exceeded"),
+    RuntimeError("[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file data/3: "
+                 "file write failed"),
+], ids=["ENOSPC", "EDQUOT", "torch-writer"])
+def test_disk_full_while_saving_removes_the_partial_folder_and_keeps_latest(tmp_path, error):
+    root = tmp_path / "checkpoints"
+    _save(root, 10)
+    with pytest.raises(checkpoint.DiskFullError) as caught:
+        checkpoint.save(FullDiskEngine(error), root, TrainState(step=20), {}, rank=0, world_size=1, keep_last=3)
+    assert str(caught.value).startswith(f"disk full while saving global_step20 to {root}; last complete "
+                                        f"checkpoint: {root / 'global_step10'}")
+    assert "\n" not in str(caught.value)
+    assert not (root / "global_step20").exists()  # the partial folder is gone
+    assert (root / "latest").read_text() == "global_step10" and checkpoint.is_complete(root / "global_step10")
+    assert sorted(p.name for p in root.iterdir()) == ["global_step10", "latest"]
+
+
+def test_disk_full_writing_the_state_file_or_latest_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    root = tmp_path / "checkpoints"
+    _save(root, 10)
+    real_open = open
+
+    def full_for(name):
+        def fake_open(path, mode="r", *args, **kwargs):
+            if name in str(path) and "w" in mode:
+                raise OSError(28, "No space left on device", str(path))
+            return real_open(path, mode, *args, **kwargs)
+        return fake_open
+
+    import builtins
+    for name in (checkpoint.STATE_FILE, checkpoint.LATEST):
+        monkeypatch.setattr(builtins, "open", full_for(f".{name}.tmp"))
+        with pytest.raises(checkpoint.DiskFullError, match="disk full while saving global_step20"):
+            _save(root, 20)
+        monkeypatch.setattr(builtins, "open", real_open)
+        assert sorted(p.name for p in root.iterdir()) == ["global_step10", "latest"], name
+        assert (root / "latest").read_text() == "global_step10"
+
+
+def test_free_space_check_warns_before_a_save_that_would_not_fit(tmp_path, monkeypatch, capsys):
+    import collections
+    root = tmp_path / "checkpoints"
+    _save(root, 10)
+    size = checkpoint.folder_bytes(root / "global_step10")
+    assert size > 8192  # the shard and the RNG state
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage(10**12, 10**12 - size + 1, size - 1))
+    _save(root, 20)
+    assert "the last checkpoint (global_step10) took" in capsys.readouterr().err
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage(10**12, 0, size * 2))
+    _save(root, 30)
+    assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_disk_full_in_a_real_two_rank_run_stops_every_rank_with_one_line(tmp_path):
+    """torchrun, 2 ranks, ZeRO-2: rank 0's model-state write inside DeepSpeed's save_checkpoint hits ENOSPC at step
+    4 (rank 1's writes succeed, so the ranks must agree). Both ranks stop with the one line and no traceback,
+    status.json says disk_full, the partial global_step4 is gone and latest still names step 2."""
+    from test_trainer_multiproc import TIMEOUT, make_config
+
+    cfg = make_config(tmp_path, "run", train={"steps": 8, "eval_every": 0}, checkpoint={"every_steps": 2})
+    worker = REPO / "tests" / "enospc_worker.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker),
+           "--config", str(cfg), "--resume", "none"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", BERTFAMILY_TEST_ENOSPC="global_step4/mp_rank_00_model_states")
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    root = tmp_path / "run" / "checkpoints"
+    line = f"error: disk full while saving global_step4 to {root}; last complete checkpoint: {root / 'global_step2'}"
+    assert out.count(line) == 2, out[-5000:]  # one line per rank
+    assert "rank 0: error: disk full" in out and "rank 1: error: disk full" in out
+    # no traceback from the trainer (torchrun itself prints one for the non-zero exit: that is the launcher's report)
+    assert "training failed" not in out and f'File "{REPO / "trainer"}' not in out, out[-5000:]
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["status"] == "disk_full" and status["step"] == 4 and "global_step4" in status["message"]
+    assert not (root / "global_step4").exists()
+    assert (root / "latest").read_text() == "global_step2" and checkpoint.is_complete(root / "global_step2")

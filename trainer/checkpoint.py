@@ -15,13 +15,16 @@ previous complete checkpoint, and ``--resume auto`` never picks a half-written o
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import random
 import re
 import shutil
+import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +35,7 @@ import torch.distributed as dist
 STATE_FILE = "bertfamily.json"
 LATEST = "latest"
 UNIVERSAL = "universal"
+ABANDONED = "abandoned-"
 _TAG = re.compile(r"^global_step(\d+)$")
 
 
@@ -50,11 +54,15 @@ def is_complete(tag_dir: Path) -> bool:
 
 def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not keep the half-written temp file either
+        raise
 
 
 def read_state(tag_dir: Path) -> dict:
@@ -138,32 +146,255 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_size: int, keep_last: int) -> Path:
-    """Collective: every rank calls this at the same step. Returns the checkpoint folder."""
+def _broadcast(obj, device="cpu"):
+    """Rank 0's ``obj`` on every rank (one collective); ``obj`` itself without a multi-rank group."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, device=torch.device(device))
+        return box[0]
+    return obj
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _utc_stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def _move_aside(root: Path, folders: list[Path], run_id: str, why: str) -> Path:
+    """Move checkpoint folders into ``root/abandoned-<UTC stamp>-<run id>/`` (a rename: never copied, never
+    deleted) with a note saying why; ``complete_checkpoints``, ``find_latest`` and ``prune`` never look inside."""
+    aside = root / f"{ABANDONED}{_utc_stamp()}-{run_id[:12]}"
+    aside.mkdir(parents=True, exist_ok=True)
+    moved = []
+    for folder in folders:
+        complete = is_complete(folder)
+        moved.append({"tag": folder.name, "complete": complete,
+                      "run_id": read_state(folder).get("run_id") if complete else None})
+        os.rename(folder, aside / folder.name)
+    note = aside / "moved.json"
+    earlier = json.loads(note.read_text())["moved"] if note.is_file() else []
+    _atomic_write_text(note, json.dumps({"why": why, "by_run_id": run_id, "moved": earlier + moved}, indent=1))
+    return aside
+
+
+def begin_lineage(root: Path, resume_dir: Path | None, rank: int, device="cpu", fence=None) -> str:
+    """Collective, before training starts: this run's id, and the checkpoints folder made consistent with it.
+
+    A start from step s (0 for a fresh start, else the resumed checkpoint's step) that is not the continuation of
+    ``root``'s newest complete checkpoint is a new lineage: the checkpoints of ``root`` newer than s (complete or
+    not) are moved aside into ``root/abandoned-<UTC stamp>-<new run id>/`` (never deleted) and ``latest`` is
+    rewritten to name s's checkpoint (or the newest one left, or removed when none is left). A continuation
+    (``--resume auto`` after a preemption) keeps its run id. Rank 0 decides and acts; the others receive the id.
+    ``fence`` (the run lock's ownership check) runs before anything is moved."""
+    decision = None
+    if rank == 0:
+        decision = _begin_lineage(Path(root), resume_dir, fence)
+    decision = _broadcast(decision, device)
+    if "error" in decision:
+        raise decision["error"]
+    return decision["run_id"]
+
+
+def _begin_lineage(root: Path, resume_dir: Path | None, fence) -> dict:
+    try:
+        start = read_state(resume_dir)["step"] if resume_dir is not None else 0
+        parent = read_state(resume_dir).get("run_id") if resume_dir is not None else None
+        in_root = resume_dir is not None and Path(resume_dir).parent.resolve() == root.resolve()
+        newer = sorted((p for p in root.iterdir() if p.is_dir() and (step_of(p.name) or 0) > start),
+                       key=lambda p: step_of(p.name)) if root.is_dir() else []
+        if in_root and parent and not any(is_complete(p) for p in newer):
+            return {"run_id": parent}  # a continuation; incomplete debris is replaced by the save of its step
+        run_id = new_run_id()
+        if not newer:
+            return {"run_id": run_id}
+        if fence is not None:
+            fence()
+        what = f"step {start} of {resume_dir}" if resume_dir is not None else "step 0 (--resume none)"
+        aside = _move_aside(root, newer, run_id, f"run {run_id} started from {what}; these were newer")
+        left = complete_checkpoints(root)
+        if in_root:
+            _atomic_write_text(root / LATEST, Path(resume_dir).name)
+        elif left:
+            _atomic_write_text(root / LATEST, left[-1].name)
+        else:
+            (root / LATEST).unlink(missing_ok=True)
+        print(f"checkpoints: this run ({run_id}) starts from {what}; the {len(newer)} newer checkpoint folder(s) "
+              f"of {root} ({', '.join(p.name for p in newer)}) were moved aside to {aside} (not deleted)",
+              file=sys.stderr, flush=True)
+        return {"run_id": run_id}
+    except Exception as err:  # noqa: BLE001  (every rank raises rank 0's error instead of waiting in a collective)
+        return {"error": err}
+
+
+def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_size: int, keep_last: int,
+         run_id: str = "", fence=None) -> Path:
+    """Collective: every rank calls this at the same step. Returns the checkpoint folder.
+
+    Rank 0 decides whether the step is already saved (a complete checkpoint of this step and of this ``run_id``,
+    e.g. a preemption right after a periodic save) and broadcasts it: ranks never decide on their own what a
+    shared filesystem's cache shows them. A complete checkpoint of this step from another lineage is moved aside
+    (``_move_aside``) and replaced."""
     root = Path(root)
     tag = tag_for(state.step)
     tag_dir = root / tag
-    if is_complete(tag_dir):
-        return tag_dir  # this step is already saved (e.g. a preemption right after a periodic save)
-    if rank == 0 and tag_dir.exists():
-        shutil.rmtree(tag_dir)  # debris of an interrupted save of this very step (never complete: it is not latest)
-    _barrier()
-    engine.save(root, tag, client_state={"bertfamily_step": state.step})
-    torch.save(rng_state(), tag_dir / f"rng_rank{rank}.pt")
-    _barrier()  # every rank's shards are on disk
+    device = getattr(engine, "device", "cpu")
+    decision = None
     if rank == 0:
-        record = {"format": "bertfamily-checkpoint", "version": 1, "step": state.step,
-                  "consumed_samples": state.consumed_samples, "skipped_steps": state.skipped_steps,
-                  "world_size": world_size, "zero_stage": engine.zero_stage, "time": time.time(), "config": config}
-        _atomic_write_text(tag_dir / STATE_FILE, json.dumps(record, indent=1))
-        _atomic_write_text(root / LATEST, tag)
-        prune(root, keep_last)
-    _barrier()
+        try:
+            decision = _before_save(root, tag_dir, run_id, fence)
+        except Exception as err:  # noqa: BLE001  (every rank raises it, none waits in a collective)
+            decision = {"error": err}
+    decision = _broadcast(decision, device)
+    if "error" in decision:
+        raise decision["error"]
+    if decision["saved"]:
+        return tag_dir
+    failure = None
+    try:
+        engine.save(root, tag, client_state={"bertfamily_step": state.step})
+    except Exception as err:  # noqa: BLE001  (judged below, together with the other ranks)
+        failure = err
+        # DeepSpeed's save_checkpoint (0.19.8) ends in dist.barrier() after its writes; a rank whose write raised
+        # skipped it, so it takes that barrier here and the ranks stay in step for the all-reduce below.
+        _barrier()
+    if failure is None:
+        try:
+            torch.save(rng_state(), tag_dir / f"rng_rank{rank}.pt")
+        except Exception as err:  # noqa: BLE001
+            failure = err
+    # every rank's shards are on disk, or some rank failed: one all-reduce (in place of a barrier) tells all
+    worst = _all_max(0 if failure is None else 2 if is_disk_full(failure) else 1, device)
+    if worst:
+        if rank == 0:
+            shutil.rmtree(tag_dir, ignore_errors=True)  # the partial folder (it can hold gigabytes)
+        _barrier()
+        if worst == 2:
+            raise DiskFullError(_disk_full_message(root, tag, failure)) from failure
+        if failure is not None:
+            raise failure
+        raise RuntimeError(f"another rank failed while saving {tag} to {root} (its error is in its output); "
+                           f"the partial folder was removed")
+    outcome = {}
+    if rank == 0:
+        try:
+            if fence is not None:
+                fence()
+            record = {"format": "bertfamily-checkpoint", "version": 1, "step": state.step, "run_id": run_id,
+                      "consumed_samples": state.consumed_samples, "skipped_steps": state.skipped_steps,
+                      "world_size": world_size, "zero_stage": engine.zero_stage, "time": time.time(),
+                      "config": config}
+            _atomic_write_text(tag_dir / STATE_FILE, json.dumps(record, indent=1))
+            if fence is not None:
+                fence()
+            _atomic_write_text(root / LATEST, tag)
+        except Exception as err:  # noqa: BLE001  (every rank raises it)
+            shutil.rmtree(tag_dir, ignore_errors=True)  # not named by latest: the previous one stays the newest
+            outcome = {"error": DiskFullError(_disk_full_message(root, tag, err)) if is_disk_full(err) else err}
+        else:
+            try:
+                if fence is not None:
+                    fence()
+                prune(root, keep_last)
+            except Exception as err:  # noqa: BLE001
+                outcome = {"error": err}
+    outcome = _broadcast(outcome, device)
+    if "error" in outcome:
+        raise outcome["error"]
     return tag_dir
 
 
+# --- disk full ----------------------------------------------------------------------------------------------------
+
+class DiskFullError(RuntimeError):
+    """A save ran out of space (ENOSPC/EDQUOT): its partial folder is gone, ``latest`` and the previous checkpoint
+    are untouched, and every rank stops with this one line."""
+
+
+_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+# what torch's zip writer raises when a write(2) underneath fails (it drops the errno)
+_TORCH_WRITE_FAILED = ("PytorchStreamWriter failed writing file", "file write failed")
+
+
+def is_disk_full(err: BaseException | None) -> bool:
+    """ENOSPC or EDQUOT anywhere in the exception's chain, or torch's writer failure (which hides the errno)."""
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, OSError) and err.errno in _DISK_FULL_ERRNOS:
+            return True
+        if isinstance(err, RuntimeError) and any(s in str(err) for s in _TORCH_WRITE_FAILED):
+            return True
+        err = err.__cause__ or err.__context__
+        seen += 1
+    return False
+
+
+def _disk_full_message(root: Path, tag: str, err: BaseException | None) -> str:
+    last = find_latest(root)
+    cause = f" ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})" if err is not None else ""
+    return (f"disk full while saving {tag} to {root}; last complete checkpoint: {last or 'none'}{cause}. Free "
+            f"space (or lower checkpoint.keep_last), then run the same command again (--resume auto)")
+
+
+def _all_max(value: int, device) -> int:
+    """The largest ``value`` over all ranks (one all-reduce on the device: NCCL reduces device tensors only)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        t = torch.tensor([value], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+    return value
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes under a checkpoint folder, without its universal conversion (a new save does not write one)."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(folder):
+        if Path(dirpath) == Path(folder) and UNIVERSAL in dirnames:
+            dirnames.remove(UNIVERSAL)
+        for name in filenames:
+            try:
+                total += os.stat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def warn_if_short_of_space(root: Path, tag: str) -> None:
+    """Before a save: warn when the last complete checkpoint would not fit in the free space of ``root``'s
+    filesystem (a walk of that one folder's files: a few hundred stat calls)."""
+    last = find_latest(root)
+    if last is None:
+        return
+    need, free = folder_bytes(last), shutil.disk_usage(root).free
+    if need > free:
+        print(f"warning: saving {tag} to {root}: the last checkpoint ({last.name}) took {need / 1e9:.2f} GB but "
+              f"only {free / 1e9:.2f} GB are free there; this save will probably fail (disk full). Free space or "
+              "lower checkpoint.keep_last", file=sys.stderr, flush=True)
+
+
+def _before_save(root: Path, tag_dir: Path, run_id: str, fence) -> dict:
+    """Rank 0: is ``tag_dir`` already this lineage's complete checkpoint? Otherwise clear the way for it."""
+    if is_complete(tag_dir):
+        if read_state(tag_dir).get("run_id") == run_id:
+            return {"saved": True}
+        if fence is not None:
+            fence()
+        aside = _move_aside(root, [tag_dir], run_id, f"replaced by run {run_id}'s save of the same step")
+        print(f"checkpoints: {tag_dir} belonged to another run; moved aside to {aside} and saved again",
+              file=sys.stderr, flush=True)
+    elif tag_dir.exists():
+        if fence is not None:
+            fence()
+        shutil.rmtree(tag_dir)  # debris of an interrupted save of this very step (never complete: it is not latest)
+    warn_if_short_of_space(root, tag_dir.name)
+    return {"saved": False}
+
+
 def prune(root: Path, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` complete checkpoints, and incomplete ones older than the newest."""
+    """Delete all but the newest ``keep_last`` complete checkpoints, and incomplete ones older than the newest.
+    Folders moved aside (``abandoned-*``) are never touched."""
     done = complete_checkpoints(root)
     for old in done[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)

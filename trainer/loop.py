@@ -101,6 +101,8 @@ class Trainer:
     """Fine-tunes copies of checkpoints in separate processes (``eval.downstream``), or None."""
     run_lock: RunLock | None = None
     """Rank 0's lock of the run folder (``trainer.run_lock``); None on the other ranks."""
+    run_id: str = ""
+    """This run's lineage id (``checkpoint.begin_lineage``), stored in every checkpoint it saves."""
 
     # --- one step -----------------------------------------------------------------------------------------------
 
@@ -184,7 +186,7 @@ class Trainer:
 
     def save(self) -> Path:
         return checkpoint.save(self.engine, checkpoint_dir(self.cfg), self.state, self.cfg.model_dump(mode="json"),
-                               self.rank, self.world_size, self.cfg.checkpoint.keep_last)
+                               self.rank, self.world_size, self.cfg.checkpoint.keep_last, run_id=self.run_id)
 
     def _nonfinite(self, result: StepResult, in_a_row: int) -> None:
         self.metrics.message(f"step {self.state.step}: non-finite loss or gradient (loss={result.loss}); step "

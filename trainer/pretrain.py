@@ -149,6 +149,8 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)  # other ranks too (a node-local run_dir)
     root = checkpoint_dir(cfg)
     resume_dir = checkpoint.resolve_resume(root, args.resume)
+    # a start that is not the continuation of the folder's newest checkpoint moves the newer ones aside
+    run_id = checkpoint.begin_lineage(root, resume_dir, rank, device)
     stage = zero_stage(cfg, read_ds_json(cfg))
     universal = resume_dir is not None and checkpoint.needs_universal(resume_dir, world_size, stage)
     if universal:
@@ -209,13 +211,21 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         downstream = DownstreamLauncher(cfg.eval, cfg.run_dir, rank, say=metrics.message)
     trainer = Trainer(cfg=cfg, engine=ds_engine, comps=comps, state=state, rank=rank, world_size=world_size,
                       grad_accum=grad_accum, metrics=metrics, preempt=preempt, peak_flops=peak,
-                      downstream=downstream, run_lock=lock)
+                      downstream=downstream, run_lock=lock, run_id=run_id)
     try:
         status = trainer.train()
     except NonFiniteLossError as err:
         metrics.message(str(err))
         write_status(cfg.run_dir, rank, "nonfinite", state.step, str(err))
         status = EXIT_NONFINITE
+    except checkpoint.DiskFullError as err:  # every rank raised it, with the same line: no traceback
+        print(f"rank {rank}: error: {err}", file=sys.stderr, flush=True)
+        try:  # the disk is full: this small write can fail too, and then it says so
+            write_status(cfg.run_dir, rank, "disk_full", state.step, str(err))
+        except OSError as status_err:
+            print(f"rank {rank}: error: could not write {cfg.run_dir}/status.json either ({status_err})",
+                  file=sys.stderr, flush=True)
+        status = EXIT_ERROR
     finally:
         metrics.close()
     engine.shutdown()  # every rank reaches this (the stop decisions above were all-reduced)
@@ -248,8 +258,8 @@ def main(argv=None) -> int:
         print(f"rank {rank}: training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         try:
             write_status(cfg.run_dir, int(rank), "failed", -1, traceback.format_exc(limit=1))
-        except OSError:
-            pass
+        except OSError as err:  # (a full disk): said, not swallowed; the exit status still says failed
+            print(f"rank {rank}: could not write {cfg.run_dir}/status.json: {err}", file=sys.stderr, flush=True)
         return EXIT_ERROR
 
 
