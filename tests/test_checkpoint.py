@@ -370,7 +370,7 @@ def test_disk_full_in_a_real_two_rank_run_stops_every_rank_with_one_line(tmp_pat
     from test_trainer_multiproc import TIMEOUT, make_config
 
     cfg = make_config(tmp_path, "run", train={"steps": 8, "eval_every": 0}, checkpoint={"every_steps": 2})
-    worker = REPO / "tests" / "enospc_worker.py"
+    worker = REPO / "tests" / "fault_worker.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker),
            "--config", str(cfg), "--resume", "none"]
     env = dict(os.environ, OMP_NUM_THREADS="1", BERTFAMILY_TEST_ENOSPC="global_step4/mp_rank_00_model_states")
