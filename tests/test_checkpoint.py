@@ -348,15 +348,17 @@ def test_disk_full_writing_the_state_file_or_latest_keeps_the_previous_checkpoin
 
 def test_free_space_check_warns_before_a_save_that_would_not_fit(tmp_path, monkeypatch, capsys):
     import collections
+
+    from trainer import disk_space
     root = tmp_path / "checkpoints"
     _save(root, 10)
     size = checkpoint.folder_bytes(root / "global_step10")
     assert size > 8192  # the shard and the RNG state
     usage = collections.namedtuple("usage", "total used free")
-    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage(10**12, 10**12 - size + 1, size - 1))
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda p: usage(10**12, 10**12 - size + 1, size - 1))
     _save(root, 20)
     assert "the last checkpoint (global_step10) took" in capsys.readouterr().err
-    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage(10**12, 0, size * 2))
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda p: usage(10**12, 0, size * 2))
     _save(root, 30)
     assert "warning" not in capsys.readouterr().err
 

@@ -44,7 +44,7 @@ def test_live_lock_refuses_a_second_holder_and_is_released(tmp_path):
 
 
 def test_heartbeat_keeps_the_lock_fresh(tmp_path):
-    lock = RunLock(tmp_path, stale_s=1.0, interval_s=0.1).acquire()
+    lock = RunLock(tmp_path, stale_s=2.0, interval_s=0.1).acquire()
     try:
         beats = set()
         hb = tmp_path / f"{LOCK_NAME}.{lock.token}.hb"
@@ -56,9 +56,9 @@ def test_heartbeat_keeps_the_lock_fresh(tmp_path):
         assert len(beats) >= 3
         assert (tmp_path / LOCK_NAME).read_bytes() == lock_bytes  # the holder never rewrites the shared lock
         # older than stale_s since the holder started, yet never stale: the heartbeat is what counts
-        time.sleep(1.2)
+        time.sleep(2.2)
         with pytest.raises(RunLockedError, match="its heartbeat is moving"):
-            RunLock(tmp_path, stale_s=1.0, interval_s=0.1).acquire()
+            RunLock(tmp_path, stale_s=2.0, interval_s=0.1).acquire()
     finally:
         lock.release()
     assert not list(tmp_path.iterdir())  # lock and heartbeat file gone
@@ -284,7 +284,7 @@ sys.stdout.write("ready\\n"); sys.stdout.flush()
 while not Path(sys.argv[2]).exists():
     time.sleep(0.01)
 try:
-    lock = RunLock(sys.argv[1], stale_s=2, interval_s=0.1).acquire()
+    lock = RunLock(sys.argv[1], stale_s=4, interval_s=0.1).acquire()
 except RunLockedError:
     print("refused", flush=True)
     sys.exit(0)
