@@ -348,15 +348,17 @@ def test_disk_full_writing_the_state_file_or_latest_keeps_the_previous_checkpoin
 
 def test_free_space_check_warns_before_a_save_that_would_not_fit(tmp_path, monkeypatch, capsys):
     import collections
+
+    from trainer import disk_space
     root = tmp_path / "checkpoints"
     _save(root, 10)
     size = checkpoint.folder_bytes(root / "global_step10")
     assert size > 8192  # the shard and the RNG state
     usage = collections.namedtuple("usage", "total used free")
-    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage(10**12, 10**12 - size + 1, size - 1))
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda p: usage(10**12, 10**12 - size + 1, size - 1))
     _save(root, 20)
     assert "the last checkpoint (global_step10) took" in capsys.readouterr().err
-    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage(10**12, 0, size * 2))
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda p: usage(10**12, 0, size * 2))
     _save(root, 30)
     assert "warning" not in capsys.readouterr().err
 
@@ -370,7 +372,7 @@ def test_disk_full_in_a_real_two_rank_run_stops_every_rank_with_one_line(tmp_pat
     from test_trainer_multiproc import TIMEOUT, make_config
 
     cfg = make_config(tmp_path, "run", train={"steps": 8, "eval_every": 0}, checkpoint={"every_steps": 2})
-    worker = REPO / "tests" / "enospc_worker.py"
+    worker = REPO / "tests" / "fault_worker.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker),
            "--config", str(cfg), "--resume", "none"]
     env = dict(os.environ, OMP_NUM_THREADS="1", BERTFAMILY_TEST_ENOSPC="global_step4/mp_rank_00_model_states")

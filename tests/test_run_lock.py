@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.run_lock import LOCK_NAME, RunLock, RunLockedError
+from trainer.run_lock import LOCK_NAME, RunLock, RunLockedError, RunLockLostError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,41 +44,42 @@ def test_live_lock_refuses_a_second_holder_and_is_released(tmp_path):
 
 
 def test_heartbeat_keeps_the_lock_fresh(tmp_path):
-    lock = RunLock(tmp_path, stale_s=1.0, interval_s=0.1).acquire()
+    lock = RunLock(tmp_path, stale_s=2.0, interval_s=0.1).acquire()
     try:
         beats = set()
+        hb = tmp_path / f"{LOCK_NAME}.{lock.token}.hb"
+        lock_bytes = (tmp_path / LOCK_NAME).read_bytes()
         deadline = time.time() + 30
         while len(beats) < 3 and time.time() < deadline:
-            beats.add(json.loads((tmp_path / LOCK_NAME).read_text())["heartbeat"])
+            beats.add(json.loads(hb.read_text())["beat"])
             time.sleep(0.05)
         assert len(beats) >= 3
+        assert (tmp_path / LOCK_NAME).read_bytes() == lock_bytes  # the holder never rewrites the shared lock
         # older than stale_s since the holder started, yet never stale: the heartbeat is what counts
-        time.sleep(1.2)
-        with pytest.raises(RunLockedError):
-            RunLock(tmp_path, stale_s=1.0, interval_s=0.1).acquire()
+        time.sleep(2.2)
+        with pytest.raises(RunLockedError, match="its heartbeat is moving"):
+            RunLock(tmp_path, stale_s=2.0, interval_s=0.1).acquire()
     finally:
         lock.release()
+    assert not list(tmp_path.iterdir())  # lock and heartbeat file gone
 
 
 def test_stale_locks_are_taken_over_with_a_warning(tmp_path, capsys):
-    # another host, heartbeat older than stale_s
-    _foreign_lock(tmp_path / "a", heartbeat_age=100)
-    lock = RunLock(tmp_path / "a", stale_s=60).acquire()
+    # another host, a heartbeat that does not move while the contender watches for stale_s
+    _foreign_lock(tmp_path / "a", heartbeat_age=0)
+    t0 = time.monotonic()
+    lock = RunLock(tmp_path / "a", stale_s=1, interval_s=0.1).acquire()
+    assert time.monotonic() - t0 >= 1.0  # judged on its own watching, not on the heartbeat time in the file
     assert json.loads((tmp_path / "a" / LOCK_NAME).read_text())["token"] == lock.info["token"]
     lock.release()
     err = capsys.readouterr().err
-    assert "taking over the stale lock" in err and "last heartbeat 100 s ago" in err and "node-elsewhere" in err
-    # this host, fresh heartbeat, but its process is gone (a kill -9 on this node)
+    assert "taking over the stale lock" in err and "did not change for" in err and "node-elsewhere" in err
+    # this host, but its process is gone (a kill -9 on this node): at once
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     _foreign_lock(tmp_path / "b", heartbeat_age=0, host=socket.gethostname(), pid=dead.pid)
     RunLock(tmp_path / "b", stale_s=60).acquire().release()
     assert f"its process {dead.pid} on this host is gone" in capsys.readouterr().err
-    # a fresh lock of a live process elsewhere is not stale
-    _foreign_lock(tmp_path / "c", heartbeat_age=5)
-    with pytest.raises(RunLockedError, match="host node-elsewhere, pid 4242, Slurm job 77"):
-        RunLock(tmp_path / "c", stale_s=60).acquire()
-    assert json.loads((tmp_path / "c" / LOCK_NAME).read_text())["token"] == "theirs"  # left as it was
 
 
 def test_requeued_slurm_job_waits_for_its_old_launch_then_gives_up(tmp_path, monkeypatch, capsys):
@@ -110,7 +111,7 @@ def test_requeued_slurm_job_waits_for_its_old_launch_then_gives_up(tmp_path, mon
         beater.join()
 
 
-def test_an_unreadable_lock_is_waited_on_until_stale(tmp_path, capsys):
+def test_an_unreadable_lock_is_waited_on_until_stale(tmp_path, capsys):  # noqa: D103
     (tmp_path / LOCK_NAME).write_text("")  # as if caught half-written
     t0 = time.monotonic()
     RunLock(tmp_path, stale_s=1.0, interval_s=0.1).acquire().release()
@@ -198,3 +199,224 @@ def test_a_run_whose_lock_is_taken_over_stops_on_every_rank_and_writes_nothing_m
     assert json.loads((run_dir / LOCK_NAME).read_text())["token"] == "theirs"  # the new holder's lock stays
     assert json.loads((run_dir / "status.json").read_text())["status"] == "running"  # no status written after
     assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())  # save_at_end
+
+
+# --- issue 21: no clock comparison, the shared file never rewritten, fencing, a dead heartbeat, NFS -----------------
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from trainer.run_lock import RunLock
+lock = RunLock(sys.argv[1], stale_s=float(sys.argv[2]), interval_s=0.1).acquire()
+print("held", lock.info["token"], flush=True)
+while not Path(sys.argv[3]).exists():
+    time.sleep(0.05)
+lock.release()
+"""
+
+
+def _holder(run_dir: Path, stale_s: float, release: Path) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir), str(stale_s), str(release)], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    line = proc.stdout.readline()
+    assert line.startswith("held"), line
+    return proc, line.split()[1]
+
+
+def test_a_contender_whose_clock_runs_120_s_ahead_refuses_a_live_lock(tmp_path, monkeypatch):
+    """Another launch holds the folder and beats; this contender's wall clock runs 120 s ahead (two hosts whose
+    clocks disagree). main compared the heartbeat time with its own clock and took the live run over."""
+    release = tmp_path / "release"
+    holder, token = _holder(tmp_path / "run", 60, release)
+    try:
+        real_time = time.time
+        monkeypatch.setattr(time, "time", lambda: real_time() + 120)
+        with pytest.raises(RunLockedError, match="in use by a live launch"):
+            RunLock(tmp_path / "run", stale_s=60, interval_s=0.1).acquire()
+        monkeypatch.undo()
+        assert json.loads((tmp_path / "run" / LOCK_NAME).read_text())["token"] == token
+    finally:
+        release.touch()
+        holder.wait(timeout=60)
+
+
+def test_a_stalled_holder_that_wakes_never_overwrites_the_new_holder(tmp_path, monkeypatch, capsys):
+    """The holder's heartbeat thread stalls in the middle of a beat (blocked in its os.replace, as a process stopped
+    by the kernel or a hung NFS write); a contender takes the folder over; the holder wakes. main's heartbeat then
+    replaced run.lock with its own (two holders); here it writes only its own heartbeat file, sees it lost the
+    folder, and its fence refuses every later write."""
+    holder = RunLock(tmp_path, stale_s=1, interval_s=0.1).acquire()
+    stalled, wake = threading.Event(), threading.Event()
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if threading.current_thread() is holder._thread and not stalled.is_set():
+            stalled.set()
+            wake.wait(60)
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    assert stalled.wait(30)
+    time.sleep(1.5)  # the stall outlasts stale_s (so that main's contender, reading the time in the file, agrees)
+    new = RunLock(tmp_path, stale_s=1, interval_s=0.1).acquire()  # after 1 s more of an unchanged heartbeat
+    try:
+        wake.set()
+        deadline = time.monotonic() + 30
+        while not holder.lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert holder.lost and holder.trouble == "lost"
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["token"] == new.info["token"]
+        with pytest.raises(RunLockLostError):
+            holder.check()
+        holder.release()
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["token"] == new.token  # release left it alone
+        new.check()  # and the new holder still holds it
+    finally:
+        new.release()
+    assert "was taken over by another launch" in capsys.readouterr().err
+
+
+CONTEND = """
+import sys, time
+from pathlib import Path
+from trainer.run_lock import RunLock, RunLockedError
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+while not Path(sys.argv[2]).exists():
+    time.sleep(0.01)
+try:
+    lock = RunLock(sys.argv[1], stale_s=4, interval_s=0.1).acquire()
+except RunLockedError:
+    print("refused", flush=True)
+    sys.exit(0)
+print("won", flush=True)
+while not Path(sys.argv[3]).exists():
+    time.sleep(0.05)
+lock.release()
+"""
+
+
+def test_eight_concurrent_contenders_on_one_stale_lock_exactly_one_wins(tmp_path):
+    _foreign_lock(tmp_path / "run", heartbeat_age=0)  # another host's lock whose heartbeat never moves
+    go, release = tmp_path / "go", tmp_path / "release"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    procs = [subprocess.Popen([sys.executable, "-c", CONTEND, str(tmp_path / "run"), str(go), str(release)],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(8)]
+    try:
+        for proc in procs:
+            assert proc.stdout.readline() == "ready\n"
+        go.touch()  # all start watching the same stale lock at once
+        outcomes = [proc.stdout.readline().strip() for proc in procs]
+        assert sorted(outcomes) == ["refused"] * 7 + ["won"], outcomes
+        winner = procs[outcomes.index("won")]
+        held = json.loads((tmp_path / "run" / LOCK_NAME).read_text())
+        assert held["pid"] == winner.pid
+    finally:
+        release.touch()
+        for proc in procs:
+            proc.wait(timeout=60)
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
+    assert not list((tmp_path / "run").glob("*.takeover"))
+
+
+def test_nfs_eexist_for_a_link_that_succeeded_is_told_by_the_link_count(tmp_path, monkeypatch):
+    """A retransmitted NFS link answered EEXIST although the first one made the link: judged by st_nlink == 2.
+    (Mocked: the test makes the link and raises EEXIST itself; it cannot see a real NFS server.)"""
+    import trainer.run_lock as run_lock
+    real_link = os.link
+
+    def link_then_eexist(src, dst):
+        real_link(src, dst)
+        raise FileExistsError(17, "File exists", str(dst))
+
+    monkeypatch.setattr(run_lock.os, "link", link_then_eexist)
+    lock = RunLock(tmp_path / "a", stale_s=30, interval_s=0.1).acquire()
+    assert json.loads((tmp_path / "a" / LOCK_NAME).read_text())["token"] == lock.token
+    monkeypatch.undo()
+    with pytest.raises(RunLockedError):  # a real EEXIST (someone else's lock): refused as before
+        RunLock(tmp_path / "a", stale_s=30, interval_s=0.1).acquire()
+    lock.release()
+
+
+def test_a_checkpoint_dir_outside_the_run_folder_is_locked_too(tmp_path):
+    from trainer.run_lock import take_run_folder
+
+    locks = take_run_folder(tmp_path / "run", 3, rank=0, device="cpu", checkpoint_dir=tmp_path / "shared" / "ckpt")
+    try:
+        assert (tmp_path / "run" / LOCK_NAME).exists() and (tmp_path / "shared" / "ckpt" / LOCK_NAME).exists()
+        with pytest.raises(RunLockedError, match=r"shared/ckpt is in use by a live launch"):
+            take_run_folder(tmp_path / "other_run", 3, rank=0, device="cpu",
+                            checkpoint_dir=tmp_path / "shared" / "ckpt")
+        assert not (tmp_path / "other_run" / LOCK_NAME).exists()  # the refused launch let go of what it took
+    finally:
+        locks.release()
+    inside = take_run_folder(tmp_path / "run2", 30, rank=0, device="cpu", checkpoint_dir=tmp_path / "run2" / "ck")
+    assert len(inside.locks) == 1
+    inside.release()
+
+
+def test_every_write_after_a_lost_lock_is_fenced(tmp_path):
+    """Save, prune, latest and status.json check the lock before writing; after a takeover they write nothing."""
+    from test_checkpoint import FakeEngine
+
+    from trainer import checkpoint
+    from trainer.run_status import write_status
+
+    lock = RunLock(tmp_path, stale_s=60, interval_s=0.1).acquire()
+    root = tmp_path / "checkpoints"
+    checkpoint.save(FakeEngine(), root, checkpoint.TrainState(step=2), {}, 0, 1, 1, run_id="a", fence=lock.check)
+    write_status(tmp_path, 0, "running", 2, fence=lock.check)
+    _foreign_lock(tmp_path, heartbeat_age=0)  # another launch took the folder over
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if "run.lock" not in p.name)
+    with pytest.raises(RunLockLostError):
+        checkpoint.save(FakeEngine(), root, checkpoint.TrainState(step=4), {}, 0, 1, 1, run_id="a",
+                        fence=lock.check)
+    with pytest.raises(RunLockLostError):
+        write_status(tmp_path, 0, "completed", 4, fence=lock.check)
+    with pytest.raises(RunLockLostError):  # a roll-back's move of newer checkpoints
+        checkpoint.begin_lineage(root, None, 0, fence=lock.check)
+    after = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if "run.lock" not in p.name)
+    assert after == before and (root / "latest").read_text() == "global_step2"
+    assert json.loads((tmp_path / "status.json").read_text())["status"] == "running"
+    lock.release()
+
+
+def test_an_exception_in_the_heartbeat_thread_is_reported_not_swallowed(tmp_path, monkeypatch, capsys):
+    """Any exception (here a ValueError) in the heartbeat thread sets ``trouble``, which the loop checks at every
+    step (main's thread died silently on anything but OSError, and the live run then looked stale)."""
+    lock = RunLock(tmp_path, stale_s=60, interval_s=0.1).acquire()
+    real_dumps = json.dumps
+
+    def broken(*args, **kwargs):
+        if threading.current_thread() is lock._thread:
+            raise ValueError("injected")
+        return real_dumps(*args, **kwargs)
+
+    monkeypatch.setattr(json, "dumps", broken)
+    deadline = time.monotonic() + 30
+    while lock.trouble is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    monkeypatch.undo()
+    assert "ValueError: injected" in lock.trouble
+    assert "the run lock's heartbeat failed" in capsys.readouterr().err
+    lock.release()
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_run_whose_heartbeat_thread_dies_stops(tmp_path):
+    """A real 1-rank run whose lock heartbeat raises after a few beats stops at the next step with exit 1, says
+    why, and records status failed (main kept training with a lock that a new launch would take over)."""
+    from test_trainer_multiproc import TIMEOUT, make_config
+
+    cfg = make_config(tmp_path, "run", train={"steps": 1_000_000, "eval_every": 0},
+                      checkpoint={"every_steps": 0, "save_at_end": False, "lock_stale_s": 3})
+    worker = REPO / "tests" / "fault_worker.py"
+    proc = subprocess.run([sys.executable, str(worker), "--config", str(cfg), "--resume", "none"], cwd=REPO,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", BERTFAMILY_TEST_HEARTBEAT_FAILS_AFTER="3"),
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "RuntimeError: injected heartbeat failure" in proc.stderr
+    assert "rank 0's run lock heartbeat failed" in proc.stderr
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["status"] == "failed" and "heartbeat failed" in status["message"]

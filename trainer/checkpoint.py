@@ -15,7 +15,6 @@ previous complete checkpoint, and ``--resume auto`` never picks a half-written o
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -31,6 +30,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from trainer.disk_space import (DiskFullError, disk_full_message, folder_bytes,  # noqa: F401  (used as checkpoint.*)
+                                is_disk_full, warn_if_short_of_space)
 
 STATE_FILE = "bertfamily.json"
 LATEST = "latest"
@@ -272,7 +274,7 @@ def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_s
             shutil.rmtree(tag_dir, ignore_errors=True)  # the partial folder (it can hold gigabytes)
         _barrier()
         if worst == 2:
-            raise DiskFullError(_disk_full_message(root, tag, failure)) from failure
+            raise DiskFullError(disk_full_message(root, tag, find_latest(root), failure)) from failure
         if failure is not None:
             raise failure
         raise RuntimeError(f"another rank failed while saving {tag} to {root} (its error is in its output); "
@@ -292,7 +294,8 @@ def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_s
             _atomic_write_text(root / LATEST, tag)
         except Exception as err:  # noqa: BLE001  (every rank raises it)
             shutil.rmtree(tag_dir, ignore_errors=True)  # not named by latest: the previous one stays the newest
-            outcome = {"error": DiskFullError(_disk_full_message(root, tag, err)) if is_disk_full(err) else err}
+            outcome = {"error": DiskFullError(disk_full_message(root, tag, find_latest(root), err))
+                       if is_disk_full(err) else err}
         else:
             try:
                 if fence is not None:
@@ -306,38 +309,6 @@ def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_s
     return tag_dir
 
 
-# --- disk full ----------------------------------------------------------------------------------------------------
-
-class DiskFullError(RuntimeError):
-    """A save ran out of space (ENOSPC/EDQUOT): its partial folder is gone, ``latest`` and the previous checkpoint
-    are untouched, and every rank stops with this one line."""
-
-
-_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
-# what torch's zip writer raises when a write(2) underneath fails (it drops the errno)
-_TORCH_WRITE_FAILED = ("PytorchStreamWriter failed writing file", "file write failed")
-
-
-def is_disk_full(err: BaseException | None) -> bool:
-    """ENOSPC or EDQUOT anywhere in the exception's chain, or torch's writer failure (which hides the errno)."""
-    seen = 0
-    while err is not None and seen < 10:
-        if isinstance(err, OSError) and err.errno in _DISK_FULL_ERRNOS:
-            return True
-        if isinstance(err, RuntimeError) and any(s in str(err) for s in _TORCH_WRITE_FAILED):
-            return True
-        err = err.__cause__ or err.__context__
-        seen += 1
-    return False
-
-
-def _disk_full_message(root: Path, tag: str, err: BaseException | None) -> str:
-    last = find_latest(root)
-    cause = f" ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})" if err is not None else ""
-    return (f"disk full while saving {tag} to {root}; last complete checkpoint: {last or 'none'}{cause}. Free "
-            f"space (or lower checkpoint.keep_last), then run the same command again (--resume auto)")
-
-
 def _all_max(value: int, device) -> int:
     """The largest ``value`` over all ranks (one all-reduce on the device: NCCL reduces device tensors only)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -345,33 +316,6 @@ def _all_max(value: int, device) -> int:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
     return value
-
-
-def folder_bytes(folder: Path) -> int:
-    """Bytes under a checkpoint folder, without its universal conversion (a new save does not write one)."""
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(folder):
-        if Path(dirpath) == Path(folder) and UNIVERSAL in dirnames:
-            dirnames.remove(UNIVERSAL)
-        for name in filenames:
-            try:
-                total += os.stat(os.path.join(dirpath, name)).st_size
-            except FileNotFoundError:
-                pass
-    return total
-
-
-def warn_if_short_of_space(root: Path, tag: str) -> None:
-    """Before a save: warn when the last complete checkpoint would not fit in the free space of ``root``'s
-    filesystem (a walk of that one folder's files: a few hundred stat calls)."""
-    last = find_latest(root)
-    if last is None:
-        return
-    need, free = folder_bytes(last), shutil.disk_usage(root).free
-    if need > free:
-        print(f"warning: saving {tag} to {root}: the last checkpoint ({last.name}) took {need / 1e9:.2f} GB but "
-              f"only {free / 1e9:.2f} GB are free there; this save will probably fail (disk full). Free space or "
-              "lower checkpoint.keep_last", file=sys.stderr, flush=True)
 
 
 def _before_save(root: Path, tag_dir: Path, run_id: str, fence) -> dict:
@@ -388,7 +332,7 @@ def _before_save(root: Path, tag_dir: Path, run_id: str, fence) -> dict:
         if fence is not None:
             fence()
         shutil.rmtree(tag_dir)  # debris of an interrupted save of this very step (never complete: it is not latest)
-    warn_if_short_of_space(root, tag_dir.name)
+    warn_if_short_of_space(root, tag_dir.name, find_latest(root), skip=UNIVERSAL)
     return {"saved": False}
 
 

@@ -73,7 +73,8 @@ class CheckpointConfig(_Section):
     and data position start over), e.g. BERT phase 2 (seq 512) from phase 1 (seq 128). Ignored when resuming."""
     lock_stale_s: float = Field(default=60.0, ge=1.0)
     """RUN_DIR/run.lock (one launch per run folder, trainer/run_lock.py): a lock whose heartbeat (every
-    min(10 s, this / 6)) is older than this is taken over by a new launch; a fresher one refuses it."""
+    min(10 s, this / 6)) does not change for this long, by the new launch's own clock, is taken over; one whose
+    heartbeat moves refuses the launch."""
 
 
 class LoggingConfig(_Section):

@@ -54,6 +54,8 @@ class StepResult:
     seconds: float
     lost_folder: bool = False
     """Rank 0's run lock was taken over by another launch (``RunLock.lost``): every rank stops at once."""
+    heartbeat_dead: bool = False
+    """Rank 0's lock heartbeat failed (``RunLock.trouble``): every rank stops before the lock looks stale."""
 
 
 class NonFiniteLossError(RuntimeError):
@@ -125,8 +127,9 @@ class Trainer:
                 metric_sums[k] = metric_sums.get(k, 0.0) + torch.as_tensor(v, device=device).detach().double()
         keys = sorted(metric_sums)
         # fp16 loss-scale overflow skips are the scaler's routine, not a non-finite step (Engine docstring)
-        lost = self.run_lock is not None and self.run_lock.lost
-        flags = torch.tensor([float(lost), float(self.engine.unhandled_nonfinite_step()),
+        trouble = self.run_lock.trouble if self.run_lock is not None else None
+        lost = 0.0 if trouble is None else 1.0 if trouble == "lost" else 2.0  # 2: the heartbeat died
+        flags = torch.tensor([lost, float(self.engine.unhandled_nonfinite_step()),
                               float(self.preempt.requested)], dtype=torch.float64, device=device)
         # One collective for everything the ranks must agree on (on the device: NCCL reduces only device tensors).
         # note: the .tolist() below is the step's one device-to-host sync point.
@@ -139,7 +142,8 @@ class Trainer:
         metrics = {k: values[1 + i] / n for i, k in enumerate(keys)}
         skipped = values[-2] > 0 or not math.isfinite(loss)
         return StepResult(loss=loss, metrics=metrics, tokens=int(values[-4]), nonfinite=bool(skipped),
-                          preempt=values[-1] > 0, seconds=time.perf_counter() - start, lost_folder=values[-3] > 0)
+                          preempt=values[-1] > 0, seconds=time.perf_counter() - start, lost_folder=values[-3] == 1,
+                          heartbeat_dead=values[-3] >= 2)
 
     # --- evaluation ---------------------------------------------------------------------------------------------
 
@@ -184,9 +188,15 @@ class Trainer:
 
     # --- the run ------------------------------------------------------------------------------------------------
 
+    @property
+    def fence(self):
+        """The check before any write into the run's folders: the lock is still ours (``RunLock.check``)."""
+        return self.run_lock.check if self.run_lock is not None else None
+
     def save(self) -> Path:
         return checkpoint.save(self.engine, checkpoint_dir(self.cfg), self.state, self.cfg.model_dump(mode="json"),
-                               self.rank, self.world_size, self.cfg.checkpoint.keep_last, run_id=self.run_id)
+                               self.rank, self.world_size, self.cfg.checkpoint.keep_last, run_id=self.run_id,
+                               fence=self.fence)
 
     def _nonfinite(self, result: StepResult, in_a_row: int) -> None:
         self.metrics.message(f"step {self.state.step}: non-finite loss or gradient (loss={result.loss}); step "
@@ -216,6 +226,12 @@ class Trainer:
                     f"checkpoint.lock_stale_s = {cfg.checkpoint.lock_stale_s:g} s). This run writes nothing more "
                     "there: no metrics, checkpoint or status; the other launch continues from the last checkpoint. "
                     "If this happens without a stall, raise checkpoint.lock_stale_s.")
+            if result.heartbeat_dead:  # stop before another launch sees a stale lock and takes the folder
+                message = (f"stopping at step {state.step + 1}: rank 0's run lock heartbeat failed "
+                           f"({self.run_lock.trouble if self.run_lock else 'see rank 0'}); a new launch would take "
+                           "the folder over while this run still writes to it. Resume with --resume auto")
+                write_status(cfg.run_dir, self.rank, "failed", state.step, message, fence=self.fence)
+                raise RunLockLostError(message)
             state.step += 1
             state.consumed_samples += cfg.train.global_batch_size
             self.recent_losses = (self.recent_losses + [result.loss])[-20:]
@@ -235,7 +251,7 @@ class Trainer:
                 self.save()
                 self.metrics.message(f"preempted at step {state.step}: checkpoint saved; exiting with status "
                                      f"{EXIT_REQUEUE} (requeue and run again with --resume auto)")
-                write_status(cfg.run_dir, self.rank, "preempted", state.step)
+                write_status(cfg.run_dir, self.rank, "preempted", state.step, fence=self.fence)
                 return EXIT_REQUEUE
             if cfg.train.eval_every and self.comps.eval_batches and state.step % cfg.train.eval_every == 0:
                 self.metrics.log(state.step, self.evaluate(), split="eval")
@@ -251,13 +267,13 @@ class Trainer:
                 if last_saved != state.step:
                     self.save()
                 self.metrics.message(f"stopped at step {state.step} (train.stop_at_step); continue with --resume auto")
-                write_status(cfg.run_dir, self.rank, "stopped", state.step)
+                write_status(cfg.run_dir, self.rank, "stopped", state.step, fence=self.fence)
                 return EXIT_OK
         if cfg.checkpoint.save_at_end and last_saved != state.step:
             self.save()
         if self.downstream is not None:
             self.downstream.finish()
-        write_status(cfg.run_dir, self.rank, "completed", state.step)
+        write_status(cfg.run_dir, self.rank, "completed", state.step, fence=self.fence)
         return EXIT_OK
 
     def _log(self, result: StepResult, lr: float, tokens: int, seconds: float, steps: int) -> None:

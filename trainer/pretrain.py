@@ -112,7 +112,7 @@ def run(args, cfg: RunConfig) -> int:
     deepspeed are imported here, after validation, so ``--check`` and a bad config never load them."""
     from trainer import engine
     from trainer.loop import PreemptionFlag
-    from trainer.run_lock import take_run_folder
+    from trainer.run_lock import RunLockedError, RunLockLostError, take_run_folder
 
     preempt = PreemptionFlag()  # before the slow start-up, so an early SIGTERM is not lost
     rank, world_size = engine.init_distributed(cfg.deepspeed.timeout_minutes)
@@ -124,9 +124,15 @@ def run(args, cfg: RunConfig) -> int:
     cfg.train.micro_batch_size = micro
     device = engine.device_name()
     # the run folder is ours before anything in it is read or written (another live launch: RunLockedError)
-    lock = take_run_folder(cfg.run_dir, cfg.checkpoint.lock_stale_s, rank, device)
+    lock = take_run_folder(cfg.run_dir, cfg.checkpoint.lock_stale_s, rank, device, checkpoint_dir(cfg))
     try:
         return _run_locked(args, cfg, preempt, rank, world_size, grad_accum, device, lock)
+    except Exception as err:
+        if lock is not None and lock.lost and not isinstance(err, RunLockedError):
+            # the folder is another launch's now: no "failed" status into it (main writes none for this error)
+            raise RunLockLostError(f"this run failed after another launch took over {cfg.run_dir}: "
+                                   f"{type(err).__name__}: {err}") from err
+        raise
     finally:
         from trainer.data.workers import shutdown_workers
         shutdown_workers()  # the loader workers end with the run (the process leaves through os._exit)
@@ -150,7 +156,8 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
     root = checkpoint_dir(cfg)
     resume_dir = checkpoint.resolve_resume(root, args.resume)
     # a start that is not the continuation of the folder's newest checkpoint moves the newer ones aside
-    run_id = checkpoint.begin_lineage(root, resume_dir, rank, device)
+    fence = lock.check if lock is not None else None  # before every write: the folder is still ours
+    run_id = checkpoint.begin_lineage(root, resume_dir, rank, device, fence)
     stage = zero_stage(cfg, read_ds_json(cfg))
     universal = resume_dir is not None and checkpoint.needs_universal(resume_dir, world_size, stage)
     if universal:
@@ -204,7 +211,7 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         (Path(cfg.run_dir) / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))
     print0(f"world size {world_size}, ZeRO stage {ds_engine.zero_stage}, micro batch {cfg.train.micro_batch_size} x "
            f"accumulation {grad_accum} x {world_size} ranks = {cfg.train.global_batch_size} sequences per step")
-    write_status(cfg.run_dir, rank, "running", state.step)
+    write_status(cfg.run_dir, rank, "running", state.step, fence=fence)
     downstream = None
     if cfg.eval.downstream:
         from trainer.finetune.downstream import DownstreamLauncher
@@ -216,12 +223,12 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         status = trainer.train()
     except NonFiniteLossError as err:
         metrics.message(str(err))
-        write_status(cfg.run_dir, rank, "nonfinite", state.step, str(err))
+        write_status(cfg.run_dir, rank, "nonfinite", state.step, str(err), fence=fence)
         status = EXIT_NONFINITE
     except checkpoint.DiskFullError as err:  # every rank raised it, with the same line: no traceback
         print(f"rank {rank}: error: {err}", file=sys.stderr, flush=True)
         try:  # the disk is full: this small write can fail too, and then it says so
-            write_status(cfg.run_dir, rank, "disk_full", state.step, str(err))
+            write_status(cfg.run_dir, rank, "disk_full", state.step, str(err), fence=fence)
         except OSError as status_err:
             print(f"rank {rank}: error: could not write {cfg.run_dir}/status.json either ({status_err})",
                   file=sys.stderr, flush=True)

@@ -1,26 +1,45 @@
 """One launch per run folder: ``RUN_DIR/run.lock``, taken by rank 0 before the run touches anything else.
 
 Two launches on one folder (a double ``sbatch``, a requeued job while the old processes linger) would otherwise both
-train, write the same ``metrics.jsonl`` and prune each other's checkpoints. The lock file is JSON naming its holder
-(host, pid, Slurm job id, a random token) and a ``heartbeat`` time that a daemon thread rewrites every
-``interval_s`` while the run lives; the run removes it at exit.
+train, write the same ``metrics.jsonl`` and prune each other's checkpoints. ``checkpoint.dir`` outside the run
+folder gets a lock of its own the same way (``take_run_folder``).
 
-Why not ``flock``/``fcntl``: shared filesystems (NFS, Lustre, GPFS) may ignore them or honour them per node only.
-The file is created by ``os.link`` of a complete temporary file (atomic, fails if the name exists, also on NFS: the
-classic NFS lock-file recipe), so a reader never sees a half-written lock; heartbeats replace it with ``os.replace``.
+Files (all in the locked folder; the holder's token is a random UUID):
 
-A lock is **stale** when its heartbeat is older than ``stale_s`` by this machine's clock (node clocks must agree to
-well under ``stale_s``, as Slurm needs anyway), or when its holder is on this host and its pid is gone. A stale lock
-is taken over with a warning: it is renamed to a unique name (only one contender's rename succeeds), checked to be
-the lock judged stale, and removed; then the taker creates its own. A live lock is refused with a message naming
-its holder, except when the holder belongs to the same Slurm job (a requeue whose old processes have not exited
-yet): then the launch waits for it to be released or to go stale, at most ``2 * stale_s``, and refuses after that,
-so a requeue never hangs forever. A holder whose heartbeat finds another token in the file has lost the folder: it
-says so on stderr, and the training loop stops every rank at the next step with ``RunLockLostError`` (no metrics,
-checkpoint or status written after that).
+    run.lock                  JSON naming the holder (host, pid, Slurm job id, token, heartbeat interval). Created
+                              once by ``os.link`` of a complete temporary file (atomic, fails if the name exists,
+                              also on NFS: the classic lock-file recipe); never rewritten by its holder.
+    run.lock.<token>.hb       the holder's heartbeat: a counter it rewrites (temp file + ``os.replace``) every
+                              ``interval_s``. Only the holder writes it, so a stalled holder that wakes up can never
+                              overwrite another launch's lock.
+    run.lock.<token>.takeover made by the one contender that wins the right to replace a stale lock of ``token``.
+
+**Staleness without clocks.** A contender never compares a time written by another host with its own clock. It
+watches the lock and its heartbeat file (content and modification time) and calls the lock stale only once they
+have not changed for ``stale_s`` of the contender's own ``time.monotonic()``; a change means the holder is alive and
+the launch is refused (a live holder beats every ``interval_s``, a sixth of ``stale_s`` by default, so a refusal
+takes about one interval). A lock whose holder is on this host with its pid gone is stale at once. A contender whose
+clock runs minutes ahead therefore refuses a live run like any other.
+
+**Taking over** a stale lock: the contender links its own file to ``run.lock.<stale token>.takeover`` (only one
+contender succeeds, however many judged it stale at once), checks that ``run.lock`` still names the stale token,
+replaces it with its own (``os.replace``) and removes the takeover file. The losers look again, see a live holder and
+are refused. A launch of the same Slurm job as the holder (a requeue whose old processes have not exited) waits for
+the lock to be released or to go stale, at most ``2 * stale_s``.
+
+**Fencing.** A holder whose heartbeat finds another token in ``run.lock`` (or none) has lost the folder: ``lost``
+is set and the training loop stops every rank at the next step with ``RunLockLostError``. Every write the run makes
+into the folder after that point (a save, pruning, ``latest``, ``status.json``) first calls ``check()``, which reads
+``run.lock`` and raises ``RunLockLostError`` unless it still names this holder. An exception in the heartbeat thread
+(any ``Exception``, or ``OSError`` for longer than ``stale_s / 2``, after which contenders would soon see a stale
+lock) sets ``heartbeat_error`` and the loop stops the run the same way.
+
+**NFS.** A ``link`` whose reply was lost can be retransmitted and answered EEXIST although the first one succeeded;
+the link count of our temporary file (2 when our link exists) tells the two apart.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -41,10 +60,9 @@ class RunLockLostError(RunLockedError):
     """This run's lock was taken over by another launch while the run lived: it stops and writes nothing more."""
 
 
-def describe(info: dict, now: float | None = None) -> str:
-    age = (now or time.time()) - float(info.get("heartbeat", 0))
+def describe(info: dict) -> str:
     job = info.get("slurm_job_id") or "none"
-    return f"host {info.get('host')}, pid {info.get('pid')}, Slurm job {job}, last heartbeat {age:.0f} s ago"
+    return f"host {info.get('host')}, pid {info.get('pid')}, Slurm job {job}"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -57,6 +75,19 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _link_exclusive(src: Path, dst: Path) -> bool:
+    """``os.link(src, dst)``: True if we made it. EEXIST from a retransmitted NFS link whose first try succeeded is
+    told apart by ``src``'s link count (2: our link exists)."""
+    try:
+        os.link(src, dst)
+        return True
+    except FileExistsError:
+        try:
+            return os.stat(src).st_nlink == 2
+        except FileNotFoundError:
+            return False
+
+
 class RunLock:
     def __init__(self, run_dir: str | Path, stale_s: float = 60.0, interval_s: float | None = None):
         self.path = Path(run_dir) / LOCK_NAME
@@ -64,10 +95,20 @@ class RunLock:
         self.interval_s = float(interval_s) if interval_s else max(0.2, min(10.0, self.stale_s / 6))
         self.info = {"host": socket.gethostname(), "pid": os.getpid(),
                      "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "token": uuid.uuid4().hex,
-                     "started": time.time(), "heartbeat": time.time()}
+                     "started": time.time(), "interval_s": self.interval_s, "stale_s": self.stale_s}
         self.lost = False
+        self.heartbeat_error: str | None = None
+        """Why the heartbeat stopped while the run lives (the loop stops the run), else None."""
+        self._beats = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def token(self) -> str:
+        return self.info["token"]
+
+    def _hb_path(self, token: str) -> Path:
+        return self.path.with_name(f"{LOCK_NAME}.{token}.hb")
 
     # -- reading and judging ---------------------------------------------------------------------------------------
     def _read(self, path: Path | None = None) -> dict | None:
@@ -79,111 +120,229 @@ class RunLock:
         except (ValueError, OSError):
             return {}
 
-    def stale_reason(self, info: dict) -> str | None:
-        now = time.time()
-        if not info:  # unreadable: judged by the file's age instead of its heartbeat
+    def _signature(self) -> tuple | None:
+        """What changes while the holder lives: (the holder's token, or the raw bytes of a lock without one; the
+        lock's bytes; its heartbeat file's bytes and mtime). None if there is no lock."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            token = json.loads(raw).get("token")
+        except (ValueError, AttributeError):
+            token = None
+        hb = None
+        if token:
             try:
-                age = now - self.path.stat().st_mtime
+                hb_path = self._hb_path(token)
+                hb = (hb_path.read_bytes(), hb_path.stat().st_mtime_ns)
             except FileNotFoundError:
-                return None
-            return f"unreadable lock file, {age:.0f} s old" if age > self.stale_s else None
-        age = now - float(info.get("heartbeat", 0))
-        if age > self.stale_s:
-            return f"last heartbeat {age:.0f} s ago (> checkpoint.lock_stale_s = {self.stale_s:g})"
-        if info.get("host") == self.info["host"] and not _pid_alive(int(info.get("pid", -1))):
+                pass
+        return token or raw, raw, hb
+
+    def _dead_here(self, info: dict) -> str | None:
+        if info and info.get("host") == self.info["host"] and not _pid_alive(int(info.get("pid", -1))):
             return f"its process {info.get('pid')} on this host is gone"
         return None
 
     # -- taking and giving back ------------------------------------------------------------------------------------
-    def _write_tmp(self) -> Path:
-        self.info["heartbeat"] = time.time()
-        tmp = self.path.with_name(f"{LOCK_NAME}.{self.info['token']}.tmp")
+    def _own_file(self, suffix: str) -> Path:
+        tmp = self.path.with_name(f"{LOCK_NAME}.{self.token}.{suffix}")
         tmp.write_text(json.dumps(self.info))
         return tmp
 
+    def _write_heartbeat(self) -> None:
+        self._beats += 1
+        hb = self._hb_path(self.token)
+        tmp = hb.with_name(hb.name + ".tmp")
+        tmp.write_text(json.dumps({"beat": self._beats, "pid": os.getpid()}))
+        os.replace(tmp, hb)  # our own file: never the shared lock
+
     def _create(self) -> bool:
-        tmp = self._write_tmp()
+        tmp = self._own_file("tmp")
         try:
-            os.link(tmp, self.path)  # atomic; EEXIST when another launch holds it
-            return True
-        except FileExistsError:
-            return False
+            return _link_exclusive(tmp, self.path)
         finally:
             tmp.unlink(missing_ok=True)
 
-    def _take_over(self, judged: dict) -> None:
-        """Move the stale lock out of the way, unless another contender was faster (then the loop looks again)."""
-        aside = self.path.with_name(f"{LOCK_NAME}.stale-{self.info['token']}")
+    def _claim_path(self, raw: bytes) -> tuple[Path, str]:
         try:
-            os.rename(self.path, aside)
+            stale_token = json.loads(raw).get("token") or ""
+        except (ValueError, AttributeError):
+            stale_token = ""
+        key = stale_token or "unreadable-" + hashlib.sha256(raw).hexdigest()[:16]
+        return self.path.with_name(f"{LOCK_NAME}.{key}.takeover"), stale_token
+
+    def _take_over(self, raw: bytes) -> bool:
+        """Replace the stale lock whose bytes are ``raw``, if this contender wins the right to (see the module)."""
+        claim, stale_token = self._claim_path(raw)
+        tmp = self._own_file("claim")
+        try:
+            if not _link_exclusive(tmp, claim):
+                return False  # another contender takes it over
+        finally:
+            tmp.unlink(missing_ok=True)
+        try:
+            try:
+                if self.path.read_bytes() != raw:
+                    return False  # released or taken over meanwhile: look again
+            except FileNotFoundError:
+                return False
+            os.replace(self._own_file("new"), self.path)
+            if stale_token:
+                self._hb_path(stale_token).unlink(missing_ok=True)
+            return True
+        finally:
+            claim.unlink(missing_ok=True)
+
+    def _clear_dead_claim(self, raw: bytes, claim_bytes: bytes) -> None:
+        """A contender that won the takeover of ``raw`` died before finishing (its claim file and the stale lock
+        both unchanged for ``stale_s`` more): remove its claim, if it is still that one."""
+        claim, _ = self._claim_path(raw)
+        aside = claim.with_name(f"{claim.name}.dead-{self.token}")
+        try:
+            os.rename(claim, aside)
         except FileNotFoundError:
             return
-        if (self._read(aside) or {}).get("token") != judged.get("token"):
-            # another contender replaced the stale lock with its own in the meantime: put that one back
-            try:
-                os.link(aside, self.path)
-            except FileExistsError:
-                pass
+        if aside.read_bytes() != claim_bytes:  # a live contender's fresh claim: put it back
+            _link_exclusive(aside, claim)
         aside.unlink(missing_ok=True)
+
+    def _start(self) -> "RunLock":
+        self._thread = threading.Thread(target=self._beat, name="run-lock-heartbeat", daemon=True)
+        self._thread.start()
+        return self
 
     def acquire(self) -> "RunLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._write_heartbeat()  # before the lock exists, so a contender sees it at once
+        try:
+            return self._acquire()
+        except BaseException:
+            self._hb_path(self.token).unlink(missing_ok=True)
+            raise
+
+    def _acquire(self) -> "RunLock":
         deadline = None
+        seen, since, blocked = None, time.monotonic(), None
         while True:
             if self._create():
-                self._thread = threading.Thread(target=self._beat, name="run-lock-heartbeat", daemon=True)
-                self._thread.start()
-                return self
-            info = self._read()
-            if info is None:  # released between our attempt and the read: try again
+                return self._start()
+            sig = self._signature()
+            if sig is None:  # released between our attempt and the read: try again
                 continue
-            reason = self.stale_reason(info)
+            now = time.monotonic()
+            info = self._read() or {}
+            if sig != seen:
+                if seen is not None and sig[0] == seen[0] and not self._same_job(info):
+                    raise self._refusal(info)  # the same holder's heartbeat moved: it is alive
+                seen, since, blocked = sig, now, None
+            # the holder's own stale_s counts too: it beats every stale_s / 6 of ITS setting
+            stale_s = max(self.stale_s, float(info.get("stale_s") or 0))
+            reason = self._dead_here(info)
+            if reason is None and now - since > stale_s:
+                reason = (f"its heartbeat did not change for {now - since:.0f} s of this launch's watching "
+                          f"(> checkpoint.lock_stale_s = {stale_s:g})")
             if reason:
-                print(f"warning: taking over the stale lock of {self.path.parent} ({reason}); it was held by "
-                      f"{describe(info) if info else 'an unknown launch'}", file=sys.stderr, flush=True)
-                self._take_over(info)
-                continue
-            if not info:  # unreadable but fresh (being written by a tool that does not replace atomically?):
-                time.sleep(self.interval_s)  # look again; it is taken over once it is older than stale_s
-                continue
-            same_job = info.get("slurm_job_id") and info.get("slurm_job_id") == self.info["slurm_job_id"]
-            if same_job:
-                if deadline is None:
-                    deadline = time.time() + 2 * self.stale_s
-                    print(f"run folder {self.path.parent} is still held by an earlier launch of this Slurm job "
-                          f"({describe(info)}); waiting up to {2 * self.stale_s:.0f} s for it to exit or go stale",
+                if blocked is None:
+                    print(f"warning: taking over the stale lock of {self.path.parent} ({reason}); it was held by "
+                          f"{describe(info) if info else 'an unknown launch (unreadable lock file)'}",
                           file=sys.stderr, flush=True)
-                if time.time() < deadline:
-                    time.sleep(self.interval_s)
-                    continue
-            raise RunLockedError(
-                f"run folder {self.path.parent} is in use by a live launch ({describe(info)}; lock file "
-                f"{self.path}). Two launches on one folder would overwrite each other's metrics and checkpoints: "
-                f"stop that launch, or use another run_dir. A holder that died without removing the lock is taken "
-                f"over automatically {self.stale_s:g} s after its last heartbeat (checkpoint.lock_stale_s).")
+                if self._take_over(sig[1]):
+                    return self._start()
+                claim, _ = self._claim_path(sig[1])
+                try:
+                    claim_bytes = claim.read_bytes()
+                except FileNotFoundError:
+                    claim_bytes = None
+                if claim_bytes is not None and (blocked is None or blocked[0] != claim_bytes):
+                    blocked = (claim_bytes, now)
+                elif claim_bytes is not None and now - blocked[1] > stale_s:
+                    self._clear_dead_claim(sig[1], claim_bytes)
+                    blocked = None
+            elif self._same_job(info):
+                if deadline is None:
+                    deadline = now + 2 * stale_s
+                    print(f"run folder {self.path.parent} is still held by an earlier launch of this Slurm job "
+                          f"({describe(info)}); waiting up to {2 * stale_s:.0f} s for it to exit or go stale",
+                          file=sys.stderr, flush=True)
+                elif now > deadline:
+                    raise self._refusal(info)
+            time.sleep(min(self.interval_s, float(info.get("interval_s") or self.interval_s)) / 2)
+
+    def _same_job(self, info: dict) -> bool:
+        return bool(info.get("slurm_job_id")) and info.get("slurm_job_id") == self.info["slurm_job_id"]
+
+    def _refusal(self, info: dict) -> RunLockedError:
+        return RunLockedError(
+            f"run folder {self.path.parent} is in use by a live launch ({describe(info)}; lock file {self.path}, "
+            "its heartbeat is moving). Two launches on one folder would overwrite each other's metrics and "
+            "checkpoints: stop that launch, or use another run_dir. A holder that died without removing the lock "
+            f"is taken over automatically once its heartbeat has not moved for {self.stale_s:g} s "
+            "(checkpoint.lock_stale_s).")
+
+    # -- holding ---------------------------------------------------------------------------------------------------
+    def owns(self) -> bool:
+        """Does ``run.lock`` still name this holder? (One small read.)"""
+        info = self._read()
+        if info == {}:  # unreadable right now: our own file is never rewritten, so this is a read error
+            raise OSError(f"cannot read {self.path}")
+        return info is not None and info.get("token") == self.token
+
+    def check(self) -> None:
+        """The fence before a write into the folder: raises ``RunLockLostError`` unless the lock is still ours."""
+        if self.lost or not self.owns():
+            self.lost = True
+            raise RunLockLostError(f"this run no longer holds {self.path} (another launch took over the folder): "
+                                   "it writes nothing more there")
+
+    @property
+    def trouble(self) -> str | None:
+        """Why the run must stop (lost lock, dead heartbeat), else None. Checked by the loop at every step."""
+        if self.lost:
+            return "lost"
+        if self.heartbeat_error:
+            return self.heartbeat_error
+        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+            return "the heartbeat thread ended"
+        return None
 
     def _beat(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            current = self._read()
-            if current is not None and current.get("token") not in (None, self.info["token"]):
-                self.lost = True
-                print(f"error: the lock of {self.path.parent} was taken over by another launch "
-                      f"({describe(current)}) while this run is alive: this run's heartbeats stopped "
-                      f"(stalled for > {self.stale_s:g} s?); two runs now write to one folder",
-                      file=sys.stderr, flush=True)
-                return
-            try:
-                os.replace(self._write_tmp(), self.path)
-            except OSError as err:  # a transient filesystem error: the next beat tries again
-                print(f"warning: run lock heartbeat failed: {err}", file=sys.stderr, flush=True)
+        try:
+            last_ok = time.monotonic()
+            while not self._stop.wait(self.interval_s):
+                current = self._read()
+                if current is None or (current and current.get("token") != self.token):
+                    self.lost = True
+                    held_by = describe(current) if current else "nobody: the lock file was removed"
+                    print(f"error: the lock of {self.path.parent} was taken over by another launch ({held_by}) "
+                          f"while this run is alive: this run's heartbeats stalled for > {self.stale_s:g} s?",
+                          file=sys.stderr, flush=True)
+                    return
+                try:
+                    self._write_heartbeat()
+                    last_ok = time.monotonic()
+                except OSError as err:  # transient: tried again next beat, unless it lasts
+                    if time.monotonic() - last_ok > self.stale_s / 2:
+                        raise
+                    print(f"warning: run lock heartbeat failed: {err}", file=sys.stderr, flush=True)
+        except Exception as err:  # noqa: BLE001  (any failure here must stop the run, never the thread silently)
+            self.heartbeat_error = f"the run lock's heartbeat failed: {type(err).__name__}: {err}"
+            print(f"error: {self.heartbeat_error}; the run stops (a launch would otherwise take the folder over "
+                  f"within checkpoint.lock_stale_s = {self.stale_s:g} s while this run still writes to it)",
+                  file=sys.stderr, flush=True)
 
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-            if not self.lost and (self._read() or {}).get("token") == self.info["token"]:
-                self.path.unlink(missing_ok=True)
+            try:
+                if not self.lost and self.owns():
+                    self.path.unlink(missing_ok=True)
+            except OSError:
+                pass  # cannot read it: leave it; it goes stale and is taken over
+        self._hb_path(self.token).unlink(missing_ok=True)
 
     def __enter__(self) -> "RunLock":
         return self.acquire()
@@ -192,17 +351,59 @@ class RunLock:
         self.release()
 
 
-def take_run_folder(run_dir: str | Path, stale_s: float, rank: int, device: str) -> RunLock | None:
-    """Rank 0 takes the lock; every rank learns the outcome (one broadcast) and raises ``RunLockedError`` with rank
-    0's message when it was refused. Returns the lock on rank 0 (release it at exit), None elsewhere."""
+class FolderLocks:
+    """The locks of a run's folders (the run folder, and ``checkpoint.dir`` when it lies outside it), held and
+    checked as one."""
+
+    def __init__(self, locks: list[RunLock]):
+        self.locks = locks
+
+    @property
+    def lost(self) -> bool:
+        return any(lock.lost for lock in self.locks)
+
+    @property
+    def trouble(self) -> str | None:
+        return next((t for t in (lock.trouble for lock in self.locks) if t), None)
+
+    def check(self) -> None:
+        for lock in self.locks:
+            lock.check()
+
+    def release(self) -> None:
+        for lock in reversed(self.locks):
+            lock.release()
+
+
+def folders_to_lock(run_dir: str | Path, checkpoint_dir: str | Path | None) -> list[Path]:
+    """The run folder, and the checkpoint folder when it is not inside it."""
+    run = Path(run_dir).resolve()
+    dirs = [Path(run_dir)]
+    if checkpoint_dir is not None:
+        ckpt = Path(checkpoint_dir).resolve()
+        if ckpt != run and run not in ckpt.parents:
+            dirs.append(Path(checkpoint_dir))
+    return dirs
+
+
+def take_run_folder(run_dir: str | Path, stale_s: float, rank: int, device: str,
+                    checkpoint_dir: str | Path | None = None) -> FolderLocks | None:
+    """Rank 0 takes the locks (the run folder, and ``checkpoint_dir`` when it lies outside it); every rank learns the
+    outcome (one broadcast) and raises ``RunLockedError`` with rank 0's message when it was refused. Returns the
+    locks on rank 0 (release them at exit), None elsewhere."""
     import torch
     import torch.distributed as dist
 
-    lock, error = None, None
+    locks, error = None, None
     if rank == 0:
+        held: list[RunLock] = []
         try:
-            lock = RunLock(run_dir, stale_s).acquire()
+            for folder in folders_to_lock(run_dir, checkpoint_dir):
+                held.append(RunLock(folder, stale_s).acquire())
+            locks = FolderLocks(held)
         except RunLockedError as err:
+            for lock in held:
+                lock.release()
             error = str(err)
     if dist.is_initialized() and dist.get_world_size() > 1:
         box = [error]
@@ -210,4 +411,4 @@ def take_run_folder(run_dir: str | Path, stale_s: float, rank: int, device: str)
         error = box[0]
     if error:
         raise RunLockedError(error)
-    return lock
+    return locks

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Callable
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -19,11 +20,15 @@ EXIT_REQUEUE = 75
 75 is EX_TEMPFAIL from sysexits.h ("temporary failure; the user is invited to retry")."""
 
 
-def write_status(run_dir: str | Path, rank: int, status: str, step: int, message: str = "") -> None:
+def write_status(run_dir: str | Path, rank: int, status: str, step: int, message: str = "",
+                 fence: Callable[[], None] | None = None) -> None:
     """RUN_DIR/status.json: what the last run of this folder did (for job scripts whose launcher masks exit codes).
-    Written by rank 0 only, atomically."""
+    Written by rank 0 only, atomically, after ``fence()`` (the run lock's ownership check: it raises when another
+    launch owns the folder now). A failed write raises: callers say so rather than leave a stale status."""
     if rank != 0:
         return
+    if fence is not None:
+        fence()
     path = Path(run_dir) / "status.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
