@@ -122,17 +122,35 @@ def test_roberta_positions_start_after_padding_id():
 
 
 # --------------------------------------------------------------------------------- unpad and varlen attention
+def per_sample_attention(qkv_dense, samples):
+    """The reference, independent of pack(): plain SDPA on each sample's own tokens, no mask. qkv_dense [B, T, 3, A, D],
+    samples [(row, start, end)] in packed order -> [N, A, D]."""
+    out = []
+    for row, a, b in samples:
+        q, k, v = qkv_dense[row, a:b].permute(1, 2, 0, 3).unbind(0)  # each [A, L, D]
+        out.append(torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(0, 1))
+    return torch.cat(out)
+
+
+# Rows of real tokens 5, 2, 3; with pack_ids the first row holds two samples (2 + 3 tokens) and the last two (1 + 2).
+VARLEN_CASES = {"padded_rows": (None, [(0, 0, 5), (1, 0, 2), (2, 0, 3)], [0, 5, 7, 10]),
+                "packed_rows": ([[1, 1, 2, 2, 2], [1, 1, 0, 0, 0], [1, 2, 2, 0, 0]],
+                                [(0, 0, 2), (0, 2, 5), (1, 0, 2), (2, 0, 1), (2, 1, 3)], [0, 2, 5, 7, 8, 10])}
+
+
+@pytest.mark.parametrize("case", sorted(VARLEN_CASES))
 @pytest.mark.parametrize("method", ["padded", "nested"])
-def test_varlen_attention_equals_masked_dense_attention(method):
+def test_varlen_attention_equals_per_sample_attention(method, case):
+    """Each packed sample attends to its own tokens only: checked against SDPA run on each sample alone (a wrong
+    key mask or cu_seqlens in pack() would pass a reference built from pack()'s own mask)."""
     torch.manual_seed(0)
+    pack_ids, samples, cu_seqlens = VARLEN_CASES[case]
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]])
-    packing = pack(mask)
+    packing = pack(mask, None if pack_ids is None else torch.tensor(pack_ids))
     assert packing.indices.tolist() == [0, 1, 2, 3, 4, 5, 6, 10, 11, 12]
-    assert packing.cu_seqlens.tolist() == [0, 5, 7, 10] and packing.max_seqlen == 5
+    assert packing.cu_seqlens.tolist() == cu_seqlens and packing.max_seqlen == max(b - a for _, a, b in samples)
     qkv_dense = torch.randn(3, 5, 3, 2, 4)
-    q, k, v = qkv_dense.permute(2, 0, 3, 1, 4).unbind(0)
-    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=packing.key_mask)
-    ref = ref.transpose(1, 2).reshape(15, 2, 4)[packing.indices]
+    ref = per_sample_attention(qkv_dense, samples)
     qkv = qkv_dense.reshape(15, 3, 2, 4)[packing.indices].requires_grad_()
     out = varlen_attention(qkv, packing, method=method)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-6)
@@ -277,9 +295,14 @@ def test_packed_row_gives_each_sample_its_own_hidden_states(name, unpad):
 
 
 def test_varlen_methods_agree_on_packed_samples():
+    """Both methods against SDPA on each sample alone (they were compared only with each other: a pack() that
+    dropped pack_ids made both attend across samples, and agree)."""
     torch.manual_seed(0)
     pack_ids = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 2, 3]])
     packing = pack((pack_ids != 0).long(), pack_ids)
-    qkv = torch.randn(int((pack_ids != 0).sum()), 3, 2, 8)
-    torch.testing.assert_close(varlen_attention(qkv, packing, method="nested"),
-                               varlen_attention(qkv, packing, method="padded"), rtol=0, atol=1e-6)
+    qkv_dense = torch.randn(2, 6, 3, 2, 8)
+    qkv = qkv_dense.reshape(12, 3, 2, 8)[packing.indices]
+    ref = per_sample_attention(qkv_dense, [(0, 0, 2), (0, 2, 5), (1, 0, 4), (1, 4, 5), (1, 5, 6)])
+    for method in ("nested", "padded"):
+        torch.testing.assert_close(varlen_attention(qkv, packing, method=method), ref, rtol=0, atol=1e-6,
+                                   msg=method)
