@@ -248,3 +248,12 @@ def test_a_downstream_record_is_written_after_its_tensorboard_scalars(tmp_path, 
     assert rec["rte_accuracy"] == 0.625 and rec["step"] == 20
     assert seen == [(20, 0.625)]
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["rte_accuracy"] == 0.625
+
+
+def test_the_child_sees_no_gpu_unless_eval_env_names_one(monkeypatch):
+    """Issue 23: the child inherited CUDA_VISIBLE_DEVICES=0,...,7 and took GPU 0, rank 0's, slowing every rank."""
+    from trainer.finetune.downstream import child_env
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    assert child_env({})["CUDA_VISIBLE_DEVICES"] == ""
+    assert child_env({"CUDA_VISIBLE_DEVICES": "7"})["CUDA_VISIBLE_DEVICES"] == "7"

@@ -17,8 +17,8 @@ prints each finished score or names the log of a failed one. At most ``max_runni
 later due steps queue (their copies made at once) and start as earlier ones finish; whatever is queued when
 pretraining ends is started then.
 
-Where the child runs is ``command_prefix`` (e.g. ``[srun, --overlap, -N1, -n1, --gres=gpu:1]``) and ``env`` (e.g.
-``{CUDA_VISIBLE_DEVICES: ""}`` keeps it off the GPUs the pretraining uses). This module imports only pydantic and the
+Where the child runs is ``command_prefix`` (e.g. ``[srun, --overlap, -N1, -n1, --gres=gpu:1]``) and ``env``; by
+default it sees no GPU (``child_env``), so it never lands on rank 0's. This module imports only pydantic and the
 standard library at import time (it holds a config section).
 """
 from __future__ import annotations
@@ -70,7 +70,8 @@ class EvalConfig(BaseModel):
     command_prefix: list[str] = Field(default_factory=list)
     """Prepended to the child's command, e.g. [srun, --overlap, -N1, -n1] to run it on an allocation's resources."""
     env: dict[str, str] = Field(default_factory=dict)
-    """Set in the child's environment, e.g. {CUDA_VISIBLE_DEVICES: ""} for a CPU-only child."""
+    """Set in the child's environment. The child sees no GPU (CUDA_VISIBLE_DEVICES="") unless this names one, e.g.
+    {CUDA_VISIBLE_DEVICES: "7"} for a GPU the pretraining does not use."""
 
 
 def copy_checkpoint(tag_dir: Path, dest: Path) -> Path:
@@ -90,8 +91,13 @@ def copy_checkpoint(tag_dir: Path, dest: Path) -> Path:
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """The child's environment: ours without the launch variables, the repository on PYTHONPATH, and no GPU unless
+    ``extra`` (``eval.env``) names one: inherited, CUDA_VISIBLE_DEVICES lists every GPU of the node and the child
+    takes the first, rank 0's, which then trains slower than the others and holds every rank back at each step. A
+    ``command_prefix`` that allocates a GPU (``srun --gres=gpu:1``) sets the variable for its task itself."""
     env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES and not k.startswith(RANK_PREFIXES)}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(extra)
     return env
 

@@ -17,6 +17,7 @@ Fused Adam is not here either: ``trainer/engine.py`` chooses the optimizer.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -115,7 +116,11 @@ def attach_packing(batch: dict) -> dict:
     return {**batch, "packing": pack((pack_ids != 0) if pack_ids is not None else mask, pack_ids)}
 
 
+@functools.cache
 def _flash_attn():
+    """flash-attn's varlen kernel, or None when not installed. Tried once per process: a failed import is not cached
+    by Python (~60 us per attempt, and choose_varlen_method asks in every attention call, 24 per BERT-large
+    forward)."""
     try:
         from flash_attn import flash_attn_varlen_qkvpacked_func
     except ImportError:
