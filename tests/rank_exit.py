@@ -1,6 +1,6 @@
 """``trainer/pretrain.py`` as torchrun's entry point, recording each rank's exit status in
-``$EXIT_STATUS_DIR/rank{RANK}``: a torchrun stopped by a signal shuts its ranks down and re-raises the signal, so its
-own exit status says nothing about theirs (tests/test_preemption.py).
+``$EXIT_STATUS_DIR/rank{RANK}``: a torchrun stopped by a signal waits for its ranks and then fails with its own
+SignalException traceback, so its exit status says nothing about theirs (tests/test_preemption.py).
 
     torchrun --nproc_per_node 2 tests/rank_exit.py --config CFG --set ...
 """

@@ -10,6 +10,10 @@ the way a user does, each node running one gloo rank on CPU (fp32), with the tin
   stage with the same task mix and ends with the straight run's per-step losses, every task trained on the steps the
   plan gives it.
 
+Both run 2 loader workers per rank (the recipes' production setting; the tiny recipes default to 0), which the stop
+signal reaches too: SIGTERM from slurmd to every process of the job, USR1 forwarded by torchrun to each rank's
+process group.
+
 The helpers, the cluster sizes and the ordinary corpus are tests/test_slurm_training.py's. Each launch costs ~30 s
 here (two ranks importing torch/DeepSpeed on a shared 2-core machine); steps of these recipes cost ~0.03-0.3 s, so
 each test runs three launches (straight, preempted, resumed) and puts its steps where they check something.
@@ -24,7 +28,7 @@ import pytest
 
 from slurm_cluster import slurm_cluster  # noqa: F401  (fixture)
 from test_slurm_training import (  # noqa: F401  (corpus: fixture)
-    assert_completed, corpus, latest_step, records, resumed_at, sets, submit, wait_for_steps,
+    LOADER, assert_completed, corpus, latest_step, records, resumed_at, sets, submit, wait_for_steps,
 )
 
 pytestmark = [
@@ -88,7 +92,7 @@ def test_electra_base_template_trains_both_networks_and_a_preempted_run_resumes_
     # and the peak FLOP/s measured (the recipe's defaults): the resumed run continues the same RNG streams (dropout,
     # the generator's Gumbel sampling) as the uninterrupted one.
     env = {"CONFIG": "tiny_electra", "DATA_PREFIX": str(corpus),
-           "EXTRA_SETS": sets(train__steps=steps, checkpoint__every_steps=0, logging__every_steps=1)}
+           "EXTRA_SETS": sets(train__steps=steps, checkpoint__every_steps=0, logging__every_steps=1) + " " + LOADER}
 
     straight = tmp_path / "straight"
     job = submit(slurm_cluster, "electra_base.sh", tmp_path / "straight.out", RUN_DIR=str(straight), **env)
@@ -112,6 +116,7 @@ def test_electra_base_template_trains_both_networks_and_a_preempted_run_resumes_
     info = slurm_cluster.job(job)
     assert info["Restarts"] == "1" and info["ExitCode"] == "0:0", info
     assert "stopped by SIGTERM" in text and "restart 1" in text, text[-6000:]
+    assert "exited unexpectedly" not in text, text[-6000:]  # the loader workers ignored the signal
     (at,) = resumed_at(text)
     assert 2 <= at < steps, text[-6000:]
     assert latest_step(preempted) == steps
@@ -124,7 +129,8 @@ def test_ernie2_base_template_resumes_the_continual_plan_mid_stage_after_the_tim
     # from 251 (+ sentence_reorder, sentence_distance). 300 steps cross both boundaries (~0.03 s a step).
     steps, stage1 = 300, range(101, 251)
     env = {"CONFIG": "tiny_ernie2", "DATA_PREFIX": str(cased_corpus),
-           "EXTRA_SETS": sets(train__steps=steps, checkpoint__every_steps=0, checkpoint__save_at_end="true")}
+           "EXTRA_SETS": sets(train__steps=steps, checkpoint__every_steps=0, checkpoint__save_at_end="true") + " "
+           + LOADER}
 
     straight = tmp_path / "straight"
     job = submit(slurm_cluster, "ernie2_base.sh", tmp_path / "straight.out", RUN_DIR=str(straight), **env)
@@ -156,6 +162,7 @@ def test_ernie2_base_template_resumes_the_continual_plan_mid_stage_after_the_tim
     info = slurm_cluster.job(job)
     assert info["Restarts"] == "1" and info["ExitCode"] == "0:0", info
     assert "received SIGUSR1" in text and f"requeueing job {job}" in text, text[-6000:]
+    assert "exited unexpectedly" not in text, text[-6000:]
     (at,) = resumed_at(text)
     assert 110 <= at < steps, text[-6000:]
     assert latest_step(warned) == steps

@@ -1,13 +1,16 @@
 """The training templates of slurm/ submitted to the local two-node Slurm cluster (tests/slurm_cluster.py), each node
 running one gloo rank on CPU (fp32) through the template's own srun + torchrun launch, with tiny configs:
 
-- slurm/roberta_large.sh, tiny RoBERTa, ZeRO-2: losses fall and a checkpoint is written; the same run preempted
-  with `scontrol requeue` mid-run saves, is requeued, resumes and ends with the uninterrupted run's losses;
+- slurm/roberta_large.sh, tiny RoBERTa, ZeRO-2, 2 loader workers per rank (the production setting): losses fall and
+  a checkpoint is written; the same run preempted with `scontrol requeue` mid-run, or cancelled with `scancel` and
+  resubmitted, saves (status `preempted`), resumes and ends with the uninterrupted run's losses. Both deliver SIGTERM to every process of the job, loader workers included, as slurmd does at preemption;
+  the uninterrupted run is made once for the module (``roberta_reference``);
 - slurm/albert_xxlarge.sh, tiny ALBERT (SOP + n-gram masking) with LAMB under ZeRO-2, with a rank killed on one
   node: the job fails within a bounded time with the template's message naming the last complete checkpoint, and
   resubmitting the same command resumes from that checkpoint;
 - slurm/bert_base.sh, both phases in one job, phase 2 starting from phase 1's weights, with the time-limit warning
-  (USR1 to the batch shell) in phase 1: checkpoint, self-requeue, resume.
+  (USR1 to the batch shell, forwarded to every rank's process group, loader workers included) in phase 1:
+  checkpoint, self-requeue, resume.
 
 Each launch costs ~30 s here (two ranks importing torch/DeepSpeed on a shared 2-core machine), so runs are few and
 short, and every test checks all that its launches allow.
@@ -30,6 +33,8 @@ pytestmark = [
 ]
 JOB_TIMEOUT = 300
 VOCAB = 1024  # the tiny presets' vocabulary; the test tokenizer is trained to exactly this size
+# EXTRA_SETS for the recipes' production loader setting (the tiny recipes use 0 workers)
+LOADER = "data.num_workers=2"
 
 
 @pytest.fixture(scope="module")
@@ -114,45 +119,92 @@ def resumed_at(text: str) -> list[int]:
             if "resumed from" in line and " at step " in line]
 
 
-def test_roberta_large_template_trains_and_a_preempted_run_resumes_to_the_same_losses(slurm_cluster, corpus,
-                                                                                      tmp_path):
-    steps = 30  # the requeue comes after step 2; the signal lands a few steps later (up to ~10 under load)
-    # The recipe's own data format (full-sentences, as roberta_base).
-    # Dropout on (the recipe's 0.1): the resumed run continues the uninterrupted run's RNG streams.
-    env = {"CONFIG": "tiny_roberta", "DATA_PREFIX": str(corpus),
-           "EXTRA_SETS": sets(train__steps=steps, checkpoint__every_steps=0, logging__every_steps=1)}
+ROBERTA_STEPS = 30  # the stop comes after step 2; the signal lands a few steps later (up to ~10 under load)
 
-    straight = tmp_path / "straight"
-    job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "straight.out", RUN_DIR=str(straight), **env)
-    text = assert_completed(slurm_cluster, job, tmp_path / "straight.out")
+
+@pytest.fixture(scope="module")
+def roberta_env(corpus) -> dict[str, str]:
+    """The recipe's own data format (full-sentences, as roberta_base), dropout on (the recipe's 0.1: a resumed run
+    continues the uninterrupted run's RNG streams), periodic checkpoints off (a resumed run must come from the
+    checkpoint the stop signal made), 2 loader workers per rank."""
+    return {"CONFIG": "tiny_roberta", "DATA_PREFIX": str(corpus),
+            "EXTRA_SETS": sets(train__steps=ROBERTA_STEPS, checkpoint__every_steps=0, logging__every_steps=1) + " "
+            + LOADER}
+
+
+@pytest.fixture(scope="module")
+def roberta_reference(slurm_cluster, roberta_env, tmp_path_factory) -> dict[int, float]:
+    """The uninterrupted run, once for the module: its losses per step."""
+    tmp = tmp_path_factory.mktemp("roberta")
+    straight = tmp / "straight"
+    job = submit(slurm_cluster, "roberta_large.sh", tmp / "straight.out", RUN_DIR=str(straight), **roberta_env)
+    text = assert_completed(slurm_cluster, job, tmp / "straight.out")
     reference = losses(straight)
-    assert sorted(reference) == list(range(1, steps + 1)), reference
+    assert sorted(reference) == list(range(1, ROBERTA_STEPS + 1)), reference
     assert_falls(reference)
     assert "ZeRO stage 2" in text and "world size 2" in text, text[-4000:]
-    assert latest_step(straight) == steps
+    assert latest_step(straight) == ROBERTA_STEPS
     assert json.loads((straight / "status.json").read_text())["status"] == "completed"
     # One torchrun per node, each rank's output in its own file.
     rank_logs = sorted((straight / "logs").glob("job*-restart0/node*/*/attempt_0/0/stderr.log"))
     assert len(rank_logs) == 2, rank_logs
+    resolved = json.loads(next((straight / "logs").glob("job*-restart0/config.json")).read_text())
+    assert resolved["data"]["num_workers"] == 2
+    return reference
 
+
+def assert_same_losses(run_dir: Path, reference: dict[int, float]) -> None:
+    """Every step's loss equals the uninterrupted run's (torch AdamW under ZeRO-2 resumes bit-identically; the
+    tolerance covers only the rounding of metrics.jsonl)."""
+    resumed = losses(run_dir)
+    assert sorted(resumed) == sorted(reference)
+    for step in sorted(reference):
+        assert resumed[step] == pytest.approx(reference[step], rel=1e-6, abs=1e-7), (step, resumed, reference)
+
+
+def test_roberta_large_template_trains_and_a_preempted_run_resumes_to_the_same_losses(slurm_cluster, roberta_env,
+                                                                                      roberta_reference, tmp_path):
     preempted = tmp_path / "preempted"
-    job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "preempted.out", RUN_DIR=str(preempted), **env)
+    job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "preempted.out", RUN_DIR=str(preempted), **roberta_env)
     wait_for_steps(preempted, 2, slurm_cluster, job)
-    slurm_cluster.client("scontrol", "requeue", str(job))
+    slurm_cluster.client("scontrol", "requeue", str(job))  # SIGTERM to every process of the job, as a preemption
     slurm_cluster.release_requeued(job)
     text = assert_completed(slurm_cluster, job, tmp_path / "preempted.out")
     info = slurm_cluster.job(job)
     assert info["Restarts"] == "1", info
     assert "stopped by SIGTERM" in text and "restart 1" in text, text[-6000:]
+    assert "exited unexpectedly" not in text, text[-6000:]  # the loader workers ignored the signal
     # The requeued run resumed mid-run from the checkpoint the signal made (periodic checkpoints are off).
     (at,) = resumed_at(text)
-    assert 2 <= at < steps, text[-6000:]
-    resumed = losses(preempted)
-    assert sorted(resumed) == list(range(1, steps + 1))
-    # Every step's loss equals the uninterrupted run's (torch AdamW under ZeRO-2 resumes bit-identically; the
-    # tolerance covers only the rounding of metrics.jsonl).
-    for step in range(1, steps + 1):
-        assert resumed[step] == pytest.approx(reference[step], rel=1e-6, abs=1e-7), (step, resumed, reference)
+    assert 2 <= at < ROBERTA_STEPS, text[-6000:]
+    assert f"preempted at step {at}: checkpoint saved" in text, text[-6000:]
+    assert_same_losses(preempted, roberta_reference)
+
+
+def test_roberta_large_template_cancelled_with_scancel_saves_and_resumes_on_resubmission(slurm_cluster, roberta_env,
+                                                                                         roberta_reference, tmp_path):
+    """`scancel JOB`: slurmd sends SIGTERM to every process of the job (as at a preemption with PreemptMode=CANCEL)
+    and SIGKILL after KillWait, without a requeue. The ranks save and exit 75 within KillWait, status.json says
+    `preempted`; the same command submitted again resumes from that checkpoint to the uninterrupted run's losses.
+    (Not `scancel --signal=TERM --full`: srun, sent SIGTERM outside a job termination, kills its step at once,
+    "srun: forcing job termination"; docs/cluster_operations.md says to use `--signal=USR1 --batch` to ask for a save.)"""
+    run = tmp_path / "cancelled"
+    job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "cancelled.out", RUN_DIR=str(run), **roberta_env)
+    wait_for_steps(run, 2, slurm_cluster, job)
+    slurm_cluster.client("scancel", str(job))
+    info = slurm_cluster.wait_job(job, JOB_TIMEOUT)
+    text = (tmp_path / "cancelled.out").read_text(errors="replace")
+    assert info["JobState"] == "CANCELLED", (info, text[-6000:])
+    assert "exited unexpectedly" not in text, text[-6000:]  # old code: the workers died, status "failed"
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "preempted", (status, text[-6000:])
+    at = status["step"]
+    assert 2 <= at < ROBERTA_STEPS and latest_step(run) == at, (at, latest_step(run))
+
+    job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "again.out", RUN_DIR=str(run), **roberta_env)
+    text = assert_completed(slurm_cluster, job, tmp_path / "again.out")
+    assert resumed_at(text) == [at], text[-6000:]
+    assert_same_losses(run, roberta_reference)
 
 
 def test_bad_settings_fail_before_any_node_starts(slurm_cluster, corpus, tmp_path):
@@ -233,13 +285,14 @@ def test_bert_base_template_runs_both_phases_across_a_time_limit_requeue(slurm_c
     run = tmp_path / "bert"
     job = submit(slurm_cluster, "bert_base.sh", tmp_path / "bert.out", PHASE1_CONFIG=str(phase1),
                  PHASE2_CONFIG=str(phase2), DATA_PREFIX=str(corpus), RUN_DIR=str(run),
-                 EXTRA_SETS=sets(checkpoint__every_steps=0, logging__every_steps=1, optim__lr=2e-3))
+                 EXTRA_SETS=sets(checkpoint__every_steps=0, logging__every_steps=1, optim__lr=2e-3) + " " + LOADER)
     wait_for_steps(run / "phase1", 2, slurm_cluster, job)
     slurm_cluster.client("scancel", "--batch", "--signal=USR1", str(job))
     slurm_cluster.release_requeued(job)
     text = assert_completed(slurm_cluster, job, tmp_path / "bert.out")
     assert slurm_cluster.job(job)["Restarts"] == "1"
     assert "received SIGUSR1" in text and f"requeueing job {job}" in text, text[-6000:]
+    assert "exited unexpectedly" not in text, text[-6000:]  # the loader workers ignored the forwarded USR1
     (at,) = resumed_at(text)  # phase 1 resumed mid-run; phase 2 started fresh from phase 1's weights
     assert 2 <= at < 20, text[-6000:]
     one, two = losses(run / "phase1"), losses(run / "phase2")

@@ -10,6 +10,8 @@ Setting SIG_IGN in ``worker_init_fn`` alone leaves a window (fork -> ``worker_in
 kills a new worker, so the rank blocks the signals while the DataLoader forks its workers: a forked (or spawned)
 process inherits the blocked mask, sets SIG_IGN, then unblocks (a signal that arrived meanwhile is discarded). The
 rank's own mask is restored at once; a signal sent to it meanwhile stays pending and is handled on restore, not lost.
+(Workers of a ``forkserver`` context are forked by the server, not the rank: there only the SIG_IGN applies, with
+the short window before it. Linux's default start method up to Python 3.13, ``fork``, is the one used here.)
 
 Workers end with their loader (``shutdown_workers`` at the end of a run): ``trainer.pretrain`` leaves the process
 with ``os._exit``, which skips the DataLoader's own clean-up, and a worker that ignores SIGTERM would otherwise live
