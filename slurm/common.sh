@@ -255,6 +255,9 @@ bf_check_launch() {
         case "$status" in
             nonfinite) echo "  The NaN/Inf guard stopped the run: the trainer's message above names the step, the" \
                             "losses and what to try (resuming unchanged will likely stop there again).";;
+            disk_full) echo "  The checkpoint folder's filesystem is full: the partial checkpoint was removed and" \
+                            "the last complete one (below) is intact. Free space (or lower checkpoint.keep_last)," \
+                            "then submit the same command again.";;
             "")  # no rank of this launch got as far as writing status.json (not even "failed")
                 if [ "${BF_LAUNCH_SECONDS:-0}" -ge "$BF_RDZV_TIMEOUT" ]; then
                     echo "  The rendezvous timed out: no rank started training and the launch ended after" \

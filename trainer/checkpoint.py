@@ -320,17 +320,15 @@ def _all_max(value: int, device) -> int:
 
 def _before_save(root: Path, tag_dir: Path, run_id: str, fence) -> dict:
     """Rank 0: is ``tag_dir`` already this lineage's complete checkpoint? Otherwise clear the way for it."""
+    if fence is not None:
+        fence()  # nothing of this save is written unless the folder is still ours
     if is_complete(tag_dir):
         if read_state(tag_dir).get("run_id") == run_id:
             return {"saved": True}
-        if fence is not None:
-            fence()
         aside = _move_aside(root, [tag_dir], run_id, f"replaced by run {run_id}'s save of the same step")
         print(f"checkpoints: {tag_dir} belonged to another run; moved aside to {aside} and saved again",
               file=sys.stderr, flush=True)
     elif tag_dir.exists():
-        if fence is not None:
-            fence()
         shutil.rmtree(tag_dir)  # debris of an interrupted save of this very step (never complete: it is not latest)
     warn_if_short_of_space(root, tag_dir.name, find_latest(root), skip=UNIVERSAL)
     return {"saved": False}

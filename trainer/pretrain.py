@@ -128,7 +128,7 @@ def run(args, cfg: RunConfig) -> int:
     try:
         return _run_locked(args, cfg, preempt, rank, world_size, grad_accum, device, lock)
     except Exception as err:
-        if lock is not None and lock.lost and not isinstance(err, RunLockedError):
+        if lock is not None and not isinstance(err, RunLockedError) and (lock.lost or not lock.owns()):
             # the folder is another launch's now: no "failed" status into it (main writes none for this error)
             raise RunLockLostError(f"this run failed after another launch took over {cfg.run_dir}: "
                                    f"{type(err).__name__}: {err}") from err

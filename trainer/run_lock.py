@@ -370,6 +370,13 @@ class FolderLocks:
         for lock in self.locks:
             lock.check()
 
+    def owns(self) -> bool:
+        """All locks still name this run (False also when one cannot be read)."""
+        try:
+            return all(lock.owns() for lock in self.locks)
+        except OSError:
+            return False
+
     def release(self) -> None:
         for lock in reversed(self.locks):
             lock.release()
