@@ -97,11 +97,37 @@ def init_distributed(timeout_minutes: float) -> tuple[int, int]:
         # This rank's GPU, before the process group and before any CUDA allocation (the optimizer is built before
         # deepspeed.initialize): otherwise every rank opens a context on GPU 0 (~0.5 GB each; fatal when the GPUs
         # are in exclusive-process mode).
-        get_accelerator().set_device(local_device_index())
+        index = local_device_index()
+        _device_local_rank(index)
+        get_accelerator().set_device(index)
     backend = "gloo" if get_accelerator().device_name() == "cpu" else get_accelerator().communication_backend_name()
     deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(minutes=timeout_minutes),
                                auto_mpi_discovery=True, verbose=False)
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def _device_local_rank(index: int) -> None:
+    """Make LOCAL_RANK this rank's device index when the two differ (plain ``srun`` binding one GPU per task:
+    SLURM_LOCALID 5, one visible device, index 0).
+
+    DeepSpeed reads LOCAL_RANK as "the GPU device ID" (``deepspeed.comm.get_local_rank``): ``init_distributed`` binds
+    the process group to ``device(LOCAL_RANK)`` (deepspeed/comm/torch.py, ``device_id=``), and ZeRO-3 places
+    tensors on ``device_name(LOCAL_RANK)`` (runtime/zero/utils.py); with one visible GPU anything but 0 is "invalid
+    device ordinal". The node-local rank stays in SLURM_LOCALID; restore_environment puts LOCAL_RANK back.
+
+    Under mpirun DeepSpeed sets LOCAL_RANK itself from Open MPI's local rank inside init_distributed and its engine
+    requires the two to be equal, so a rank that sees fewer GPUs than its local rank cannot work there: refused here
+    with what to do instead of a CUDA error."""
+    rank = local_rank()
+    if rank == index:
+        return
+    if "LOCAL_RANK" not in os.environ and "OMPI_COMM_WORLD_LOCAL_RANK" in os.environ:
+        raise RuntimeError(
+            f"mpirun: local rank {rank} sees {get_accelerator().device_count()} device(s) "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); DeepSpeed uses the local rank as the "
+            "device index under mpirun, so let every rank see all of its node's GPUs, or launch with torchrun or "
+            "srun (one task per GPU works there)")
+    _set_env(LOCAL_RANK=str(index))
 
 
 def shutdown() -> None:
