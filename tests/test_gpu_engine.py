@@ -3,7 +3,10 @@ takes (torchrun, srun with one visible GPU per task, mpirun), that it takes it b
 the optimizer when DeepSpeed's FusedAdam op is not prebuilt (never JIT-built at start-up), and fp16 loss-scaler skips in the non-finite guard."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -81,9 +84,37 @@ def test_plain_srun_with_one_visible_gpu_per_task_maps_to_device_0(fake_cuda, mo
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
     assert eng.init_distributed(1) == (13, 16)
-    assert os.environ["LOCAL_RANK"] == "5"  # the node-local rank itself is kept
+    assert os.environ["LOCAL_RANK"] == "0"  # DeepSpeed reads it as the device index (the node's rank: SLURM_LOCALID)
     assert acc.calls == [("set_device", 0), ("init_process_group", "nccl")]
     assert eng.device_name() == "cuda:0"
+    eng.restore_environment()
+    assert "LOCAL_RANK" not in os.environ
+
+
+def test_plain_srun_one_gpu_per_task_through_deepspeeds_real_init_distributed():
+    """Issue 21 item 8: task 13 of 16, local id 5, one visible GPU, through DeepSpeed's real init_distributed (not
+    mocked) against a fake accelerator that fails on any ordinal but 0 (tests/one_gpu_task_worker.py says what it
+    cannot see). Old code: DeepSpeed bound the process group to cuda:5, "invalid device ordinal"."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_KEYS}
+    env.update(SLURM_PROCID="13", SLURM_LOCALID="5", SLURM_STEP_NUM_TASKS="16", SLURM_JOB_ID="42",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(eng._free_port()), CUDA_VISIBLE_DEVICES="3",
+               OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "one_gpu_task_worker.py")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "error" not in out, out
+    assert out["calls"] == [["set_device", 0], ["init_process_group", "gloo", "cuda:0"]]
+    assert out["LOCAL_RANK"] == "0" and out["device_name"] == "cuda:0"
+
+
+def test_mpirun_rank_that_sees_fewer_gpus_than_its_local_rank_is_refused_with_what_to_do(fake_cuda, monkeypatch):
+    fake_cuda(1)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "8")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with pytest.raises(RuntimeError, match="mpirun: local rank 3 sees 1 device.*launch with torchrun or srun"):
+        eng.init_distributed(1)
 
 
 def test_srun_with_all_gpus_visible_and_mpirun_use_the_local_rank(fake_cuda, monkeypatch):

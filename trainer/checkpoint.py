@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from trainer.disk_space import (DiskFullError, disk_full_message, folder_bytes,  # noqa: F401  (used as checkpoint.*)
                                 is_disk_full, warn_if_short_of_space)
+from trainer import safe_load
 
 STATE_FILE = "bertfamily.json"
 LATEST = "latest"
@@ -113,7 +114,11 @@ def resolve_resume(root: Path, resume: str) -> Path | None:
 # --- RNG ---------------------------------------------------------------------------------------------------------
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Tensors and plain data only, so that ``restore_rng`` loads it weights-only (``trainer.safe_load``)."""
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -121,7 +126,11 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    saved = state["numpy"]
+    if isinstance(saved, dict):
+        saved = (saved["kind"], saved["keys"].numpy().astype(np.uint32), saved["pos"], saved["has_gauss"],
+                 saved["cached_gaussian"])
+    np.random.set_state(saved)  # else a tuple with numpy's array: a file written before the plain-data format
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -449,7 +458,9 @@ def restore_rng(tag_dir: Path, rank: int, world_size: int, seed: int, step: int)
     saved = read_state(tag_dir)
     path = Path(tag_dir) / f"rng_rank{rank}.pt"
     if saved["world_size"] == world_size and path.exists():
-        set_rng_state(torch.load(path, map_location="cpu", weights_only=False))
+        # weights-only: a poisoned file is refused, naming it; numpy's array class is allowed for the files written
+        # before the plain-data format
+        set_rng_state(safe_load.load(path, safe_load.numpy_rng_globals()))
     else:
         seed_everything(seed + 1_000_003 * step + rank)
 

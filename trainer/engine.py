@@ -28,6 +28,7 @@ choose_cpu_accelerator()
 import deepspeed  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 
+from trainer import safe_load
 from trainer.ds_json import ds_config_path, offloads_optimizer, precision, read_ds_json
 from trainer.log import warn0
 from trainer.optim import OptimConfig, zero_lamb
@@ -96,11 +97,37 @@ def init_distributed(timeout_minutes: float) -> tuple[int, int]:
         # This rank's GPU, before the process group and before any CUDA allocation (the optimizer is built before
         # deepspeed.initialize): otherwise every rank opens a context on GPU 0 (~0.5 GB each; fatal when the GPUs
         # are in exclusive-process mode).
-        get_accelerator().set_device(local_device_index())
+        index = local_device_index()
+        _device_local_rank(index)
+        get_accelerator().set_device(index)
     backend = "gloo" if get_accelerator().device_name() == "cpu" else get_accelerator().communication_backend_name()
     deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(minutes=timeout_minutes),
                                auto_mpi_discovery=True, verbose=False)
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def _device_local_rank(index: int) -> None:
+    """Make LOCAL_RANK this rank's device index when the two differ (plain ``srun`` binding one GPU per task:
+    SLURM_LOCALID 5, one visible device, index 0).
+
+    DeepSpeed reads LOCAL_RANK as "the GPU device ID" (``deepspeed.comm.get_local_rank``): ``init_distributed`` binds
+    the process group to ``device(LOCAL_RANK)`` (deepspeed/comm/torch.py, ``device_id=``), and ZeRO-3 places
+    tensors on ``device_name(LOCAL_RANK)`` (runtime/zero/utils.py); with one visible GPU anything but 0 is "invalid
+    device ordinal". The node-local rank stays in SLURM_LOCALID; restore_environment puts LOCAL_RANK back.
+
+    Under mpirun DeepSpeed sets LOCAL_RANK itself from Open MPI's local rank inside init_distributed and its engine
+    requires the two to be equal, so a rank that sees fewer GPUs than its local rank cannot work there: refused here
+    with what to do instead of a CUDA error."""
+    rank = local_rank()
+    if rank == index:
+        return
+    if "LOCAL_RANK" not in os.environ and "OMPI_COMM_WORLD_LOCAL_RANK" in os.environ:
+        raise RuntimeError(
+            f"mpirun: local rank {rank} sees {get_accelerator().device_count()} device(s) "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); DeepSpeed uses the local rank as the "
+            "device index under mpirun, so let every rank see all of its node's GPUs, or launch with torchrun or "
+            "srun (one task per GPU works there)")
+    _set_env(LOCAL_RANK=str(index))
 
 
 def shutdown() -> None:
@@ -326,8 +353,11 @@ class Engine:
         self.engine.save_checkpoint(str(ckpt_root), tag=tag, client_state=client_state, save_latest=False)
 
     def load(self, ckpt_root: Path, tag: str) -> dict:
-        path, client_state = self.engine.load_checkpoint(str(ckpt_root), tag=tag, load_optimizer_states=True,
-                                                         load_lr_scheduler_states=True)
+        """Every file DeepSpeed reads here is loaded weights-only (``trainer.safe_load``): a checkpoint that would
+        run code raises ``UntrustedCheckpointError`` naming the file."""
+        with safe_load.weights_only_loads([Path(ckpt_root) / tag], checkpoint_globals()):
+            path, client_state = self.engine.load_checkpoint(str(ckpt_root), tag=tag, load_optimizer_states=True,
+                                                             load_lr_scheduler_states=True)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {ckpt_root}/{tag}")
         return client_state or {}
@@ -339,23 +369,49 @@ def convert_to_universal(tag_dir: Path, out_dir: Path) -> None:
     Runs DeepSpeed's own converter as a subprocess; ``--inject_missing_state`` is required for checkpoints written
     by an engine with a client optimizer (without it the converter fails, see PLATFORM.md).
     """
-    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(tag_dir),
-           "--output_folder", str(out_dir), "--inject_missing_state", "--num_extract_workers", "1",
-           "--num_merge_workers", "1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # through trainer.safe_load: the converter's own torch.load calls pass weights_only=False
+    cmd = [sys.executable, "-m", "trainer.safe_load", "deepspeed.checkpoint.ds_to_universal",
+           "--input_folder", str(tag_dir), "--output_folder", str(out_dir), "--inject_missing_state",
+           "--num_extract_workers", "1", "--num_merge_workers", "1"]
+    here = str(Path(__file__).resolve().parents[1])  # this checkout's trainer package, also when not installed
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0 and "weights-only unpickler" in proc.stderr:
+        bad = safe_load.refused_files([tag_dir], checkpoint_globals())
+        if bad:
+            raise safe_load.UntrustedCheckpointError("\n".join(safe_load.refusal(f, g) for f, g in bad))
     if proc.returncode != 0:
         raise RuntimeError(f"universal conversion of {tag_dir} failed (exit {proc.returncode}):\n"
                            f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
 
 
 def consolidated_fp32_state_dict(ckpt_root: Path, tag: str) -> dict[str, torch.Tensor]:
-    """Full fp32 weights from a checkpoint of any ZeRO stage (DeepSpeed's zero_to_fp32 for stages 1-3)."""
+    """Full fp32 weights from a checkpoint of any ZeRO stage (DeepSpeed's zero_to_fp32 for stages 1-3), loaded
+    weights-only: a file that would run code raises ``safe_load.UntrustedCheckpointError`` naming it."""
     tag_dir = Path(ckpt_root) / tag
+    # every file of the folder, before any is loaded: also refuses a poisoned file that this consolidation would
+    # not read (rng_rank*.pt), since a checkpoint holding one is not to be trusted as a whole
+    safe_load.vet([tag_dir], checkpoint_globals() + safe_load.numpy_rng_globals())
     if any(tag_dir.glob("*optim_states.pt")) and any(tag_dir.glob("*zero_pp_rank_*")):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_root), tag=tag)
+        with safe_load.weights_only_loads([tag_dir], checkpoint_globals()):  # zero_to_fp32 passes weights_only=False
+            return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_root), tag=tag)
     states = sorted(tag_dir.glob("mp_rank_*_model_states.pt"))
     if not states:
         raise FileNotFoundError(f"{tag_dir}: no DeepSpeed model states (mp_rank_*_model_states.pt)")
-    module = torch.load(states[0], map_location="cpu", weights_only=False)["module"]
+    module = safe_load.load(states[0], checkpoint_globals())["module"]
     return {k: v.float() for k, v in module.items()}
+
+
+def checkpoint_globals() -> list:
+    """The classes DeepSpeed pickles into its checkpoints besides tensors and plain data, allowed in weights-only
+    loads (``trainer.safe_load``). Found by saving real checkpoints (tests/test_untrusted_checkpoints.py saves at
+    ZeRO 0-3 and fails if a file needs a class missing here): the ZeRO optimizer shards hold the loss scaler object
+    (``LossScaler``; ``DynamicLossScaler`` with fp16's dynamic scaling, stage_1_and_2.py / stage3.py
+    ``state_dict``), the ``ZeroStageEnum`` and, at stages 1-2, ``fragment_address`` records (param slice mappings).
+    None of them runs code from the file: constructing them only stores fields."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]

@@ -64,8 +64,12 @@ def main(argv=None) -> int:
             tokenizer = args.checkpoint
     elif args.checkpoint.is_dir():
         from trainer.checkpoint import load_model_state
+        from trainer.safe_load import UntrustedCheckpointError
 
-        state, run_config = load_model_state(args.checkpoint)
+        try:
+            state, run_config = load_model_state(args.checkpoint)
+        except UntrustedCheckpointError as err:  # a file that would run code when loaded: nothing was loaded
+            raise SystemExit(f"error: --checkpoint {args.checkpoint}: {err}") from None
         state = complete_tied(state)
         cfg = model_config_from_run(run_config)
         tokenizer = tokenizer or tokenizer_from_run(run_config)

@@ -97,9 +97,10 @@ def load_source(path: str | Path) -> Source:
     if (path / STATE_FILE).is_file() or (path / LATEST).is_file() or any(path.glob("global_step*")):
         from trainer.export_hf import model_config_from_run, tokenizer_from_run
         from trainer.models.model_folder import complete_tied
+        from trainer.safe_load import UntrustedCheckpointError
         try:
             state, run_config = load_model_state(path)
-        except FileNotFoundError as err:
+        except (FileNotFoundError, UntrustedCheckpointError) as err:
             raise SourceError(f"--checkpoint {path}: {err}") from None
         family = (run_config.get("model") or {}).get("family")
         if family is not None and family not in FAMILIES:
@@ -120,7 +121,9 @@ def load_source(path: str | Path) -> Source:
             fingerprint = read_manifest(run_config["data"]["corpora"][0]["prefix"])["tokenizer"]["fingerprint"]
         except (OSError, ValueError, KeyError, IndexError, TypeError):
             pass
-        run_dir = Path(run_config["run_dir"]) if run_config.get("run_dir") else tag.parent.parent
+        # results go beside the checkpoint (or to --set run_dir), never to the run_dir its config names: a received
+        # checkpoint's config names a path on its maker's filesystem, which may be someone else's folder here
+        run_dir = tag.parent.parent if tag.parent.name == "checkpoints" else tag.parent
         return Source(cfg, encoder, pooler, tok, "checkpoint", step, run_dir, fingerprint)
     raise SourceError(f"--checkpoint {path}: not a trainer checkpoint (no {STATE_FILE} or {LATEST}), not a model "
                       "folder (model_config.json + model.safetensors) and not a Hugging Face folder (config.json)")
