@@ -96,9 +96,11 @@ def walk(lengths, docs, first, s, d, stop, mode, budget, min_sent, min_tail, kee
             nxt = s + 2
         else:
             # the largest e with cost(s..e-1) <= t, at most s + budget; a document's last sentence costs one more in
-            # full-sentences (the [SEP] that follows it)
+            # full-sentences (the [SEP] that follows it). Formats within a document stop scanning at its end (the
+            # chunk is clamped there anyway): one-sentence documents cost one step each, not ``budget``
             e, acc, dd = s, 0, d
-            while e < n and e - s < budget:
+            limit = n if mode == FULL_SENTENCES else de
+            while e < limit and e - s < budget:
                 c, dd = cost1(lengths, docs, dd, e, mode)
                 if acc + c > t:
                     break
