@@ -156,3 +156,71 @@ def test_a_run_past_the_epochs_a_sample_key_numbers_is_refused_when_the_loader_i
     build_dataloader(dataset, collator, 0, n, n, 0, 1, total_samples=MAX_EPOCHS * n, num_workers=0)  # the limit
     with pytest.raises(ValueError, match=r"train\.steps x train\.global_batch_size .* lower train\.steps"):
         build_dataloader(dataset, collator, 0, n, n, 0, 1, total_samples=(MAX_EPOCHS + 1) * n, num_workers=0)
+
+
+@pytest.mark.parametrize("fmt", ["segment-pair", "sentence-pair"])
+def test_nsp_negatives_put_their_unused_sentences_back_so_an_epoch_reads_every_token(tmp_path, fmt):
+    """One epoch of NSP samples (every sample id once) holds every token of every document with two or more
+    sentences, in A or in a positive's B, as BERT's create_instances does (``i -= num_unused_segments``). Each
+    token id occurs once in the corpus, so a sample's tokens name their positions. Documents are short enough that
+    nothing is truncated. Before: a negative dropped its chunk's B sentences (about a quarter of the tokens)."""
+    from types import SimpleNamespace
+
+    from trainer.data.config import DataConfig
+    from trainer.data.dataset import PretrainingDataset
+
+    rng = np.random.default_rng(5)
+    docs, next_id = [], 10
+    for _ in range(300):
+        doc = []
+        for _ in range(int(rng.integers(1, 7))):
+            n = int(rng.integers(1, 6))
+            doc.append(list(range(next_id, next_id + n)))
+            next_id += n
+        docs.append(doc)
+    prefix = write_shards(docs, tmp_path / "unique", 8000, docs_per_shard=70)
+    cfg = DataConfig(corpora=[{"prefix": str(prefix)}], format=fmt, max_seq_length=128, short_seq_prob=0.0,
+                     nsp_negative_prob=0.5, cache_dir=str(tmp_path / "cache"), num_workers=0)
+    tok = SimpleNamespace(pad_id=0, cls_id=2, sep_id=3, mask_id=4, vocab_size=8000, special_ids=[0, 1, 2, 3, 4])
+    dataset = PretrainingDataset(cfg, tok, seed=1)
+    own_doc = {t: d for d, doc in enumerate(docs) for s in doc for t in s}
+    seen, negatives = set(), 0
+    for sample_id in range(len(dataset)):
+        sample, _ = dataset.unmasked(0, 0, sample_id)
+        toks, types = sample["tokens"], sample["token_types"]
+        a = [int(t) for t in toks[types == 0] if t >= 10]
+        b = [int(t) for t in toks[types == 1] if t >= 10]
+        assert len(toks) < 128  # nothing truncated
+        seen.update(a)
+        if sample["sentence_label"]:
+            negatives += 1
+            assert {own_doc[t] for t in b}.isdisjoint({own_doc[a[0]]})
+        else:
+            seen.update(b)
+    pairs = {t for doc in docs if len(doc) >= 2 for s in doc for t in s}
+    assert pairs - seen == set(), f"{len(pairs - seen)} of {len(pairs)} tokens never read in an epoch"
+    assert 0.35 < negatives / len(dataset) < 0.65
+    # the compiled walk (corpora of 200k+ sentences per shard) lays out the same negatives and put-backs
+    from trainer.data.sample_index import build_index
+
+    corpus = dataset.corpora[0]
+    compiled = build_index(corpus, fmt, 128, 0.0, cfg.index_seed, False, compiled=True, nsp_prob=0.5)
+    assert np.array_equal(compiled.chunks, dataset.builders[0].index.chunks)
+
+
+def test_the_walk_within_documents_stops_at_the_document_end(tmp_path, monkeypatch):
+    """Issue 25 item 3: one-sentence documents (titles, queries) in doc-sentences: the walk looks at each sentence
+    about twice (its cost, then the chunk's tokens) instead of scanning up to ``budget`` sentences past the document
+    end and clamping afterwards (before: ~budget looks per sentence, 60x slower builds). Counted, not timed: the
+    interpreted walk calls the module's ``cost1`` per look. The chunks are the same (test_scale's reference)."""
+    import trainer.data.index_kernels as K
+    from trainer.data.sample_index import build_index
+
+    docs = [[[5 + i % 50, 6]] for i in range(2000)]
+    corpus = IndexedCorpus(write_shards(docs, tmp_path / "titles", 100), CachePolicy(tmp_path / "cache"))
+    looks = []
+    cost1 = K.cost1
+    monkeypatch.setattr(K, "cost1", lambda *a: (looks.append(1), cost1(*a))[1])
+    index = build_index(corpus, "doc-sentences", 128, 0.0, 1, False, compiled=False)
+    assert len(index) == 2000 and np.array_equal(index.chunks[:, 1] - index.chunks[:, 0], np.ones(2000))
+    assert len(looks) <= 3 * 2000, f"{len(looks) / 2000:.0f} looks per sentence"

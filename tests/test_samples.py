@@ -159,7 +159,7 @@ def test_full_sentences_index_worked_example(tmp_path):
 
 def _builder(prefix, fmt, T=128, short=0.1, seed=3, pack=True):
     corpus = IndexedCorpus(prefix)
-    index = build_index(corpus, fmt, T, short, seed, pack)
+    index = build_index(corpus, fmt, T, short, seed, pack, nsp_prob=0.5)  # NSP negatives are decided in the index
     return corpus, index, SampleBuilder(corpus, index, fmt, T, cls_id=2, sep_id=3)
 
 
@@ -192,11 +192,11 @@ def test_nsp_negatives_come_from_other_documents_and_positives_are_contiguous(en
             # B follows A inside the chunk's document (both possibly trimmed at their outer ends)
             chunk = corpus.read(start, end)
             ia = _locate_in(chunk, a)
-            ib = _locate_in(chunk, b)
-            assert ia is not None and ib is not None and ib >= ia + len(a)
+            assert ia is not None and any(ib >= ia + len(a) for ib in _find(chunk, b))  # (b's text may repeat)
         else:
+            # (B's text may repeat in many documents, its own among them: docstrings share boilerplate sentences)
             b_docs = {int(tok_doc[o]) for o in _locate(corpus, b)}
-            assert b_docs and own_doc not in b_docs, f"sample {i}: negative B found in its own document"
+            assert b_docs - {own_doc}, f"sample {i}: negative B found in its own document only"
         checked += 1
     n = len(labels)
     rate = np.mean(labels)
@@ -306,7 +306,7 @@ def test_pairs_fit_and_short_seq_prob_makes_short_samples(en_prepared):
     # each chunk's own target is drawn short with probability p, uniform on [2, budget] (so = budget with 1/60);
     # where a chunk starts depends only on the targets before it, so the short chunks are Binomial(n, p x 59/60)
     q = p * (budget - 2) / (budget - 1)
-    short = int((index.chunks[:, 2] < budget).sum())
+    short = int((np.abs(index.chunks[:, 2]) < budget).sum())  # NSP negatives hold -target
     assert abs(short - n * q) < 5 * (n * q * (1 - q)) ** 0.5, (short, n, n * q)
     for i in range(0, len(index), 50):
         assert len(build(i, np.random.default_rng(i))["tokens"]) <= 64

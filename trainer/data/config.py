@@ -60,7 +60,9 @@ class DataConfig(BaseModel):
     short_seq_prob: float = Field(0.1, ge=0.0, le=1.0)
     """probability that a sample's target length is drawn uniformly in [2, max] instead of max (BERT)"""
     nsp_negative_prob: float = Field(0.5, ge=0.0, le=1.0)
-    """pair formats: probability of a negative (NSP: B from another document; SOP: A and B swapped)"""
+    """pair formats: probability of a negative (NSP: B from another document; SOP: A and B swapped). NSP decides
+    it per chunk in the sample index, so that a negative's unused sentences start the next chunk as in BERT's
+    create_pretraining_data (changing it builds a new index); SOP draws it per sample and epoch"""
     pack_doc_sentences: bool = False
     """doc-sentences: pack short samples (document ends) together into one row up to max_seq_length, with
     ``pack_ids [B, T]`` (1, 2, ... per packed sample, 0 = padding) so tokens per batch stay close to full-sentences

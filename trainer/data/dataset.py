@@ -42,7 +42,7 @@ def build_indexes(cfg: DataConfig, split: str, cache: CachePolicy) -> list[tuple
     for spec in specs:
         corpus = IndexedCorpus(spec.prefix, cache)
         out.append((corpus, load_or_build(corpus, cfg.format, cfg.max_seq_length, cfg.short_seq_prob,
-                                          cfg.index_seed, cfg.pack_doc_sentences, cache)))
+                                          cfg.index_seed, cfg.pack_doc_sentences, cache, cfg.nsp_negative_prob)))
     return out
 
 

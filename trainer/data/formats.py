@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from .corpus import IndexedCorpus
-from .sample_index import SampleIndex, content_budget
+from .sample_index import NSP_FORMATS, SampleIndex, content_budget
 
 
 class SampleBuilder:
@@ -67,7 +67,18 @@ class SampleBuilder:
 
     # -- pair formats ------------------------------------------------------------------------------------------------
     def _pair(self, start: int, end: int, target: int, rng: np.random.Generator) -> dict:
-        negative = bool(rng.random() < self.negative_prob)
+        drawn = bool(rng.random() < self.negative_prob)  # drawn for every format: the generator's stream stays put
+        if self.fmt in NSP_FORMATS:
+            # decided in the index (a negative chunk is its A only, target < 0), as BERT decides when it writes its
+            # instances, so that the sentences a negative leaves unused start the next chunk
+            negative = target < 0
+        else:
+            negative = drawn
+        target = abs(target)
+        if negative and self.fmt in NSP_FORMATS:
+            a = self.corpus.read(start, end)
+            b = self._other_document(start, max(1, target - len(a)), rng)
+            return self._row(*self._truncate(a, b, rng), negative)
         if self.fmt == "sentence-pair":
             pivot, end = start + 1, start + 2
         else:
@@ -75,11 +86,11 @@ class SampleBuilder:
         toks = self.corpus.read(start, end)
         cut = int(self.corpus.sentence_lengths(start, pivot).sum())
         a, b = toks[:cut], toks[cut:]
-        if negative and self.fmt == "sop-pair":
+        if negative:  # sop-pair
             a, b = b, a
-        elif negative:
-            b = self._other_document(start, max(1, target - len(a)), rng)
-        a, b = self._truncate(a, b, rng)
+        return self._row(*self._truncate(a, b, rng), negative)
+
+    def _row(self, a: np.ndarray, b: np.ndarray, negative: bool) -> dict:
         tokens = np.concatenate([[self.cls], a, [self.sep], b, [self.sep]]).astype(np.int32)
         types = np.zeros(len(tokens), np.int8)
         types[len(a) + 2:] = 1

@@ -31,6 +31,7 @@ FULL_SENTENCES, WITHIN_DOCUMENT, SENTENCE_PAIR = 0, 1, 2
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_NSP = np.uint64(0xD6E8FEB86659FD93)
 
 
 def mix1(x):
@@ -51,6 +52,16 @@ def target1(sentence, seed_mix, budget, short_seq_prob):
     return np.int64(budget)
 
 
+def nsp1(sentence, seed_mix, nsp_prob, span):
+    """The NSP decision of the pair chunk that starts at global ``sentence`` and spans ``span`` sentences: -1 for a
+    positive, else the sentences its A keeps (1 .. span - 1) when it is a negative (probability ``nsp_prob``,
+    sample_index.py). A hash of (sentence, seed) independent of ``target1``'s."""
+    h = mix1(mix1(np.uint64(sentence) * _GOLDEN + seed_mix) ^ _NSP)
+    if np.float64(h >> np.uint64(11)) * 2.0 ** -53 >= nsp_prob:
+        return np.int64(-1)
+    return np.int64(1) + np.int64(mix1(h ^ _M1) % np.uint64(span - 1))
+
+
 def cost1(lengths, docs, dd, e, mode):
     """(tokens sentence ``e`` adds to a chunk, the document of ``e``): its length, plus 1 in full-sentences for a
     document's last sentence (the [SEP] that follows it); ``dd`` is a document at or before ``e``'s."""
@@ -64,12 +75,15 @@ def cost1(lengths, docs, dd, e, mode):
 
 
 def walk(lengths, docs, first, s, d, stop, mode, budget, min_sent, min_tail, keep_min, seed_mix, short_seq_prob,
-         out, row_tokens):
+         nsp_prob, out, row_tokens):
     """Chunks of one shard from chain position ``s`` (shard-local; ``d``: its document, ``docs[d] <= s <
     docs[d + 1]``), while ``s < stop`` and ``out`` has room. ``docs`` ends with the shard's sentence count.
 
     Writes (start, end, target) rows in global sentence numbers to ``out`` and each row's packed size
-    (min(tokens, budget) + 2) to ``row_tokens``; returns (rows written, next s, its document)."""
+    (min(tokens, budget) + 2) to ``row_tokens``; returns (rows written, next s, its document). ``nsp_prob`` > 0
+    (NSP formats): a pair chunk is a negative with that probability, written as (start, start + A's sentences,
+    -target), and the chain goes on from the end of A (BERT's unused segments put back); a lone sentence left in
+    the middle of a document by that is a negative too (BERT's rule for a one-segment chunk)."""
     n = len(lengths)
     cap = len(out)
     k = 0
@@ -82,9 +96,11 @@ def walk(lengths, docs, first, s, d, stop, mode, budget, min_sent, min_tail, kee
             nxt = s + 2
         else:
             # the largest e with cost(s..e-1) <= t, at most s + budget; a document's last sentence costs one more in
-            # full-sentences (the [SEP] that follows it)
+            # full-sentences (the [SEP] that follows it). Formats within a document stop scanning at its end (the
+            # chunk is clamped there anyway): one-sentence documents cost one step each, not ``budget``
             e, acc, dd = s, 0, d
-            while e < n and e - s < budget:
+            limit = n if mode == FULL_SENTENCES else de
+            while e < limit and e - s < budget:
                 c, dd = cost1(lengths, docs, dd, e, mode)
                 if acc + c > t:
                     break
@@ -100,6 +116,18 @@ def walk(lengths, docs, first, s, d, stop, mode, budget, min_sent, min_tail, kee
         for e in range(s, nxt):
             c, dd = cost1(lengths, docs, dd, e, mode)
             tokens += c
+        if nsp_prob > 0 and tokens > 0 and (nxt - s >= 2 or s > docs[d]):
+            a = nsp1(first + s, seed_mix, nsp_prob, nxt - s) if nxt - s >= 2 else np.int64(1)
+            if mode == SENTENCE_PAIR and a > 1:
+                a = np.int64(1)  # one natural sentence each side
+            if a > 0:  # a negative: A = [s, s + a), the rest goes back to the chain
+                out[k, 0] = first + s
+                out[k, 1] = first + s + a
+                out[k, 2] = -t
+                row_tokens[k] = min(tokens, budget) + 2
+                k += 1
+                s = s + a
+                continue
         if tokens > 0 and nxt - s >= keep_min:
             out[k, 0] = first + s
             out[k, 1] = first + nxt
@@ -146,7 +174,7 @@ def pack(row_tokens, T):
     return order, sizes[:n_sizes].copy()
 
 
-_PYTHON = SimpleNamespace(mix1=mix1, target1=target1, cost1=cost1, walk=walk, pack=pack)
+_PYTHON = SimpleNamespace(mix1=mix1, target1=target1, nsp1=nsp1, cost1=cost1, walk=walk, pack=pack)
 
 
 @functools.cache
@@ -157,7 +185,7 @@ def _compiled() -> SimpleNamespace:
 
     jit = njit(cache=True, nogil=True)
     g = globals()
-    names = ("mix1", "target1", "cost1", "walk", "pack")
+    names = ("mix1", "target1", "nsp1", "cost1", "walk", "pack")
     for name in names:
         g[name] = jit(getattr(_PYTHON, name))
     return SimpleNamespace(**{name: g[name] for name in names})

@@ -19,6 +19,13 @@ The layout rules, sentence by sentence (``cost`` = its tokens, plus 1 for the la
   No chunk crosses a shard boundary (a shard holds ~1M sentences, so that is a loss of one sample in ~10^5).
 - The chunks of a shard are the chain ``first sentence -> next(.) -> ...``, keeping those with tokens (and two
   sentences for pair formats). Packed doc-sentences fill rows next-fit within a shard (``_Packer``).
+- NSP formats (segment-pair, sentence-pair) decide here whether a chunk is a negative (``data.nsp_negative_prob``,
+  a hash of ``(index_seed, s)``), as BERT's ``create_instances_from_document`` decides when it writes instances: a
+  negative keeps only its A sentences ``[s, s + a)`` (``a`` uniform in ``[1, k - 1]``; 1 for sentence-pair), is
+  written with ``-target``, and the chain goes on from ``s + a``, so the sentences it leaves unused start the next
+  chunk (BERT's ``i -= num_unused_segments``); a lone sentence that this leaves in the middle of a document is a
+  negative of its own (BERT's rule for a one-segment chunk). An epoch thus reads every sentence of every document
+  with two or more; the labels are fixed per index, as in BERT's prepared data (the B side is drawn per epoch).
 
 Worked example, budget 10 tokens, ``full-sentences``, sentence lengths ``[4, 3, 5 | 6, 2]`` (``|`` = document end):
 costs ``[4, 3, 6, 6, 3]``; chunks ``[0, 2)`` (7 tokens, adding sentence 2 would make 13) and ``[2, 4)`` (12 > 10:
@@ -95,6 +102,9 @@ class Layout:
     short_seq_prob: float
     index_seed: int
     pack: bool
+    nsp_prob: float = 0.0
+    """NSP formats: probability that a chunk is a negative (decided here, so that its unused sentences go back to
+    the chain); 0 for the other formats"""
 
     @property
     def budget(self) -> int:
@@ -106,19 +116,29 @@ class Layout:
 
     @property
     def min_tail(self) -> int:
-        return max(self.min_sent, 2 if self.fmt == "sentence-pair" else 1)
+        # sentence-pair: a lone last sentence joins the pair before it (and goes unread), unless NSP negatives put
+        # sentences back, where it becomes a negative of its own (BERT's one-segment rule)
+        return max(self.min_sent, 2 if self.fmt == "sentence-pair" and not self.nsp_prob else 1)
 
     @property
     def packed(self) -> bool:
         return self.pack and self.fmt == "doc-sentences"
 
 
+NSP_FORMATS = ("segment-pair", "sentence-pair")
+
+
+def nsp_share(fmt: str, nsp_prob: float) -> float:
+    """The negative probability the index of ``fmt`` holds: ``nsp_prob`` for NSP formats, 0 for the others."""
+    return float(nsp_prob) if fmt in NSP_FORMATS else 0.0
+
+
 def index_settings(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_prob: float, index_seed: int,
-                   pack: bool) -> dict:
+                   pack: bool, nsp_prob: float = 0.0) -> dict:
     """Everything the index depends on (and nothing else: not the training seed); its hash keys the cache file."""
     return {"version": INDEX_VERSION, "code": code_hash(LAYOUT_SOURCES), "corpus": corpus.fingerprint(), "format": fmt,
             "max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "index_seed": index_seed,
-            "pack": bool(pack and fmt == "doc-sentences")}
+            "pack": bool(pack and fmt == "doc-sentences"), "nsp_prob": nsp_share(fmt, nsp_prob)}
 
 
 def index_path(corpus: IndexedCorpus, fmt: str, key: str, cache_dir) -> Path:
@@ -133,14 +153,14 @@ def _open_index(path, key) -> dict:
 
 
 def load_or_build(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_prob: float, index_seed: int,
-                  pack: bool, cache: CachePolicy | str | os.PathLike) -> SampleIndex:
+                  pack: bool, cache: CachePolicy | str | os.PathLike, nsp_prob: float = 0.0) -> SampleIndex:
     """The mapped index of this corpus and layout, built first if missing (by the policy's builder; the other ranks
-    wait for the finished file, cache_file.ensure)."""
+    wait for the finished file, cache_file.ensure). ``nsp_prob``: data.nsp_negative_prob (NSP formats)."""
     if not isinstance(cache, CachePolicy):
         cache = CachePolicy(Path(cache))
-    layout = Layout(fmt, max_seq_length, short_seq_prob, index_seed, pack)
+    layout = Layout(fmt, max_seq_length, short_seq_prob, index_seed, pack, nsp_share(fmt, nsp_prob))
     _check(layout)
-    settings = index_settings(corpus, fmt, max_seq_length, short_seq_prob, index_seed, pack)
+    settings = index_settings(corpus, fmt, max_seq_length, short_seq_prob, index_seed, pack, nsp_prob)
     key = settings_hash(settings)
     path = index_path(corpus, fmt, key, cache.dir)
 
@@ -152,10 +172,11 @@ def load_or_build(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_se
 
 
 def build_index(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_prob: float, seed: int,
-                pack: bool = True, block: int = BLOCK, compiled: bool | None = None) -> SampleIndex:
+                pack: bool = True, block: int = BLOCK, compiled: bool | None = None,
+                nsp_prob: float = 0.0) -> SampleIndex:
     """The index in memory (tests, small corpora): the same blocks as ``write_index``, concatenated; ``compiled``
     forces the walk compiled or interpreted (default: by shard size, index_kernels.kernels)."""
-    layout = Layout(fmt, max_seq_length, short_seq_prob, seed, pack)
+    layout = Layout(fmt, max_seq_length, short_seq_prob, seed, pack, nsp_share(fmt, nsp_prob))
     _check(layout)
     parts = [_shard_chunks((p, first, layout, block, compiled)) for p, first, _ in corpus.shards]
     chunks = np.concatenate([c for c, _ in parts]) if parts else np.zeros((0, 3), np.int64)
@@ -270,7 +291,7 @@ def _shard_chunks(task) -> tuple[np.ndarray, np.ndarray]:
     s, d = 0, 0
     while s < n:
         k, s, d = run.walk(lengths, docs, first, s, d, n, mode, layout.budget, layout.min_sent, layout.min_tail,
-                         keep_min, seed_mix, float(layout.short_seq_prob), out, rows)
+                         keep_min, seed_mix, float(layout.short_seq_prob), float(layout.nsp_prob), out, rows)
         parts.append(out[:k].copy())
         sizes.append(rows[:k].copy())
     chunks = np.concatenate(parts) if parts else np.zeros((0, 3), np.int64)
