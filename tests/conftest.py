@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+# One Slurm cluster per session (tests/slurm_cluster.py); the modules take it through their `slurm_cluster` fixture.
+from slurm_cluster import slurm_cluster_session  # noqa: F401,E402  (fixture)
+
 REPO = Path(__file__).resolve().parents[1]
 # Public-domain classical Chinese (tests/data/README.md says where it comes from and why it may be copied).
 ZH_CORPUS = REPO / "tests" / "data" / "zh_classical.txt"
@@ -36,3 +39,15 @@ def en_corpus() -> Path:
 def zh_corpus() -> Path:
     """Chinese: Tang poems, Song ci and other classical poems, the Analects, the Tao Te Ching and the Book of Songs."""
     return ZH_CORPUS
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` run where torch sees a CUDA GPU and are skipped elsewhere."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)

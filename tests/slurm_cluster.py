@@ -15,7 +15,9 @@ that every daemon and every job inherits. Daemons also get ``PR_SET_PDEATHSIG`` 
 (pytest-timeout, Ctrl-C twice) does not leave a cluster running.
 
 Tests use the ``slurm_cluster`` fixture below (``from slurm_cluster import slurm_cluster``; pytest puts tests/ on
-sys.path): one cluster per test module, ~2 s to start. Without the Slurm/munge programs the fixture skips, except
+sys.path): one cluster per pytest session (``slurm_cluster_session``, which conftest.py makes visible to every
+module), ~2 s to start plus the first jobs' warm-up, shared by the five Slurm test modules. At the end of each module
+its leftover jobs are cancelled and drained nodes resumed, so a module never sees another's jobs or a drained node. Without the Slurm/munge programs the fixture skips, except
 under CI (``CI=true``), where it fails so that CI can never pass by skipping the cluster tests.
 """
 from __future__ import annotations
@@ -120,14 +122,18 @@ class SlurmCluster:
             raise
         return self
 
+    def cancel_all(self) -> None:
+        """Cancel every queued or running job and wait (bounded) until the queue is empty."""
+        ids = self.client("squeue", "-h", "-o", "%i", check=False).stdout.split()
+        if ids:
+            self.client("scancel", *ids, check=False)
+            self._wait_for(lambda: not self.client("squeue", "-h", "-o", "%i", check=False).stdout.split(),
+                           self.kill_wait + 15, "jobs to end", raise_on_timeout=False)
+
     def stop(self) -> None:
         """Cancel every job, stop the daemons we started (by PID), then kill job leftovers carrying our marker."""
         if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
-            ids = self.client("squeue", "-h", "-o", "%i", check=False).stdout.split()
-            if ids:
-                self.client("scancel", *ids, check=False)
-                self._wait_for(lambda: not self.client("squeue", "-h", "-o", "%i", check=False).stdout.split(),
-                               self.kill_wait + 15, "jobs to end", raise_on_timeout=False)
+            self.cancel_all()
         for name in reversed(list(self.procs)):  # slurmd before slurmctld before munged
             proc = self.procs[name]
             if proc.poll() is None:
@@ -347,9 +353,9 @@ class SlurmCluster:
         self.conf.write_text("\n".join(lines) + "\n")
 
 
-@pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory):
-    """A running two-node cluster (n1, n2); jobs left over by a test are cancelled at the end of the module."""
+@pytest.fixture(scope="session")
+def slurm_cluster_session(tmp_path_factory):
+    """The session's running two-node cluster (n1, n2), started on first use and stopped at the end of the session."""
     missing = missing_binaries()
     if missing:
         msg = f"Slurm/munge programs missing: {missing} (apt-get install slurm-wlm munge; .ci/run does)"
@@ -358,3 +364,14 @@ def slurm_cluster(tmp_path_factory):
         pytest.skip(msg)
     with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(slurm_cluster_session):
+    """The session's cluster for one module; jobs it leaves are cancelled and its drained nodes resumed at the end."""
+    cluster = slurm_cluster_session
+    cluster.resume_nodes()
+    yield cluster
+    if cluster.procs.get("slurmctld") is not None and cluster.procs["slurmctld"].poll() is None:
+        cluster.cancel_all()
+        cluster.resume_nodes()
