@@ -124,8 +124,12 @@ class Trainer:
         keys = sorted(metric_sums)
         # fp16 loss-scale overflow skips are the scaler's routine, not a non-finite step (Engine docstring)
         lost = self.run_lock is not None and self.run_lock.lost
-        flags = torch.tensor([float(lost), float(self.engine.unhandled_nonfinite_step()),
-                              float(self.preempt.requested)], dtype=torch.float64, device=device)
+        # Made on the device and set only when raised: torch.tensor([...], device=cuda) would copy from pageable host
+        # memory every step (a synchronous copy); a fill of a device tensor is a kernel launch.
+        flags = torch.zeros(3, dtype=torch.float64, device=device)
+        for i, raised in enumerate((lost, self.engine.unhandled_nonfinite_step(), self.preempt.requested)):
+            if raised:
+                flags[i] = 1.0
         # One collective for everything the ranks must agree on (on the device: NCCL reduces only device tensors).
         # note: the .tolist() below is the step's one device-to-host sync point.
         packed = torch.cat([torch.stack([loss_sum, *(metric_sums[k] for k in keys), tokens]), flags])
