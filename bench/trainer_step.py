@@ -2,8 +2,10 @@
 
 Same model (BERT: our encoder + MLM head + NSP), same collated batches (``trainer.data.loader.Collator``), same
 useful FLOPs: (a) the bare model step (autocast bf16 on a GPU, torch AdamW fused), (b) ``Trainer.train_step`` through
-``trainer.engine.Engine`` with ``ds_configs/zero2_bf16.json`` (ZeRO-2, bf16 weights, fp32 master), with the default
-AdamW and with LAMB. Ratios (b)/(a) are printed; the goal on an H100/H200 is the trainer within 10 % of the model.
+``trainer.engine.Engine`` at ZeRO-1 (``ds_configs/zero1_bf16*.json``, the GPU recipes' default) and ZeRO-2, gradient
+accumulation 1 and 4, AdamW and LAMB, with host syncs per step from ``torch.cuda.set_sync_debug_mode`` on a GPU.
+Ratios (b)/(a) per micro-batch are printed; the goal on an H100/H200 is the trainer within 10 % of the model at
+accumulation 4. ``--jsonl PATH`` appends one JSON line per configuration as it is measured.
 MFU is against ``trainer.metrics.peak_flops`` (the datasheet bf16 peak for a listed GPU).
 
     python bench/trainer_step.py                      # bert-large, seq 512, 8192 tokens per step, 10 steps
@@ -35,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-tokens", type=int, default=8192, help="tokens per micro-batch (batch = this / seq)")
     p.add_argument("--steps", type=int, default=10, help="timed steps (after 3 warm-up steps)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, 2 steps: checks the script only")
+    p.add_argument("--jsonl", default=None, help="append one JSON line per measured configuration here")
     return p
 
 
@@ -70,11 +73,46 @@ def useful_flops(cfg, batch: dict) -> float:
             + 6 * preds * h * cfg.vocab_size)
 
 
-def ds_config(micro: int) -> dict:
-    ds = json.loads((REPO / "ds_configs" / "zero2_bf16.json").read_text())
-    ds.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=1, train_batch_size=micro,
+# (ZeRO stage, optimizer) -> the DeepSpeed JSON the recipes name for it (ZeRO-1 is the GPU recipes' default)
+CONFIGS = {(1, "adamw"): "zero1_bf16.json", (1, "lamb"): "zero1_bf16_lamb.json",
+           (2, "adamw"): "zero2_bf16.json", (2, "lamb"): "zero2_bf16_lamb.json"}
+
+
+def ds_config(micro: int, accum: int = 1, stage: int = 1, optimizer: str = "adamw") -> dict:
+    ds = json.loads((REPO / "ds_configs" / CONFIGS[stage, optimizer]).read_text())
+    ds.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accum, train_batch_size=micro * accum,
               gradient_clipping=1.0, zero_allow_untested_optimizer=True, steps_per_print=2**31 - 1)
     return ds
+
+
+class CudaSyncCount:
+    """Host-device syncs while ``on``, as CUDA reports them: ``torch.cuda.set_sync_debug_mode("warn")`` makes every
+    synchronizing call (``.item()``, a pageable copy, ``nonzero``) emit a UserWarning; counted here. None on a CPU."""
+
+    def __init__(self, cuda: bool):
+        self.cuda, self.count = cuda, 0
+
+    def run(self, fn):
+        if not self.cuda:
+            fn()
+            return None
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def emit(jsonl: str | None, record: dict) -> None:
+    """One JSON line, appended as soon as it is measured (a cut run still reports what it did)."""
+    print(json.dumps(record), flush=True)
+    if jsonl:
+        with open(jsonl, "a") as f:
+            f.write(json.dumps(record) + "\n")
 
 
 def main(argv=None) -> int:
@@ -137,31 +175,43 @@ def main(argv=None) -> int:
     if cuda:
         torch.cuda.empty_cache()
 
-    # (b) the trainer's step: DeepSpeed ZeRO-2 bf16 engine + Trainer.train_step, AdamW and LAMB
-    for name in ("adamw", "lamb"):
-        torch.manual_seed(0)
-        model = objective.build_model(cfg)
-        ds = ds_config(batch_rows)
-        optimizer = ds_engine.build_optimizer(OptimConfig(name=name, lr=1e-4), model, device, ds)
-        engine = ds_engine.Engine(model, optimizer, None, ds)
-        trainer = Trainer(cfg=None, engine=engine, comps=Components(model=model, loss=objective.loss,
-                                                                    train_batches=lambda consumed: iter(())),
-                          state=TrainState(), rank=0, world_size=1, grad_accum=1, metrics=None,
-                          preempt=SimpleNamespace(requested=False))
-        result = {}
+    # (b) the trainer's step: DeepSpeed engine + Trainer.train_step at ZeRO-1 (the recipes' default) and ZeRO-2,
+    # accumulation 1 and 4 (time per micro-batch compared with the model step's), AdamW and LAMB
+    emit(args.jsonl, {"stage": "model_step", "preset": preset, "seq": seq, "batch": batch_rows,
+                      "ms_per_step": reference * 1e3, "mfu": flops / reference / peak, "peak_flops": peak})
+    for stage in (1, 2):
+        for accum in (1, 4):
+            for name in ("adamw", "lamb"):
+                torch.manual_seed(0)
+                model = objective.build_model(cfg)
+                ds = ds_config(batch_rows, accum, stage, name)
+                optimizer = ds_engine.build_optimizer(OptimConfig(name=name, lr=1e-4), model, device, ds)
+                engine = ds_engine.Engine(model, optimizer, None, ds)
+                trainer = Trainer(cfg=None, engine=engine,
+                                  comps=Components(model=model, loss=objective.loss,
+                                                   train_batches=lambda consumed: iter(())),
+                                  state=TrainState(), rank=0, world_size=1, grad_accum=accum, metrics=None,
+                                  preempt=SimpleNamespace(requested=False))
+                result = {}
 
-        def trainer_step(batch):
-            result["r"] = trainer.train_step(iter([batch]))
+                def trainer_step(batch):
+                    result["r"] = trainer.train_step(iter([batch] * accum))
 
-        dt = timed(trainer_step)
-        mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
-        print(f"  trainer step ({name}, ZeRO-2 bf16, {type(optimizer).__name__}): {dt * 1e3:8.1f} ms/step  "
-              f"MFU {flops / dt / peak:6.1%}  trainer/model {dt / reference:.2f}x  loss {result['r'].loss:.3f}  "
-              f"peak mem {mem:.1f} GiB", flush=True)
-        del engine, trainer, model, optimizer
-        if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+                dt = timed(trainer_step) / accum  # per micro-batch, comparable with the model step
+                syncs = CudaSyncCount(cuda).run(lambda: trainer_step(batches[0]))
+                mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
+                print(f"  trainer step ({name}, ZeRO-{stage} bf16, accum {accum}, {type(optimizer).__name__}): "
+                      f"{dt * 1e3:8.1f} ms/micro-batch  MFU {flops / dt / peak:6.1%}  trainer/model "
+                      f"{dt / reference:.2f}x  loss {result['r'].loss:.3f}  syncs/step {syncs}  peak mem {mem:.1f} GiB",
+                      flush=True)
+                emit(args.jsonl, {"stage": "trainer_step", "zero": stage, "accum": accum, "optimizer": name,
+                                  "ms_per_micro_batch": dt * 1e3, "mfu": flops / dt / peak,
+                                  "trainer_over_model": dt / reference, "syncs_per_step": syncs,
+                                  "loss": result["r"].loss, "peak_mem_gib": None if not cuda else mem})
+                del engine, trainer, model, optimizer
+                if cuda:
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats()
     ds_engine.shutdown()
     return 0
 

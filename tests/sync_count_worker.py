@@ -1,12 +1,14 @@
 """Counts the host<->device synchronisation points of real training steps on the CPU (tests/test_gpu_paths.py).
 
 On a GPU each of these blocks the host until the device catches up: ``Tensor.item/tolist/cpu``, ``bool/int/float``
-of a tensor, ``nonzero`` and boolean-mask indexing (a data-dependent shape). On the CPU they are free, but they are
+of a tensor, ``nonzero`` and boolean-mask indexing (a data-dependent shape), and ``torch.tensor/as_tensor`` of host
+data with a ``device=`` (a synchronous copy from pageable memory). On the CPU they are free, but they are
 the same calls, so counting them here tells how many a GPU step would make. The batches are collated before
 counting starts (the data loader runs on the host, in worker processes), and the loop's own work (moving the batch,
 the host-side packing, the step's one all-reduce) is counted with the model's.
 
-Run: ``python tests/sync_count_worker.py OUT.json``; writes ``{"z2-unpad-L8-a3": [syncs of step 2, of step 3], ...}``.
+Run: ``python tests/sync_count_worker.py OUT.json``; writes ``{"z2-unpad-L8-a3": [syncs of step 2, of step 3], ...}``
+and the same under ``"ours/z2-unpad-L8-a3"`` for the syncs the trainer's code makes (not DeepSpeed's).
 """
 from __future__ import annotations
 
@@ -24,12 +26,27 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 
+def _deepspeed_on_stack() -> bool:
+    """Whether the sync was made by DeepSpeed's code: the nearest frame outside torch and this file is DeepSpeed's.
+    (The guard's ``.item()`` runs inside DeepSpeed's step but is ours: its nearest frame is trainer/optim/build.py.)"""
+    torch_dir = os.path.dirname(torch.__file__)
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(torch_dir) and name != __file__:
+            return f"{os.sep}deepspeed{os.sep}" in name
+        frame = frame.f_back
+    return False
+
+
 class SyncCounter:
     """Wraps the Tensor methods and torch functions that force a device->host sync; ``count`` while ``on``."""
 
     def __init__(self):
         self.on = False
         self.count = 0
+        self.ours = 0
+        """The syncs not made by DeepSpeed's code: the trainer's own (the loop, the guard, models, objectives)."""
         self.where: dict[str, int] = {}
         self._saved = []
 
@@ -43,6 +60,7 @@ class SyncCounter:
                 try:
                     counter.count += 1
                     counter.where[name] = counter.where.get(name, 0) + 1
+                    counter.ours += not _deepspeed_on_stack()
                     return original(*args, **kwargs)
                 finally:
                     counter.on = True
@@ -63,6 +81,14 @@ class SyncCounter:
             return any(torch.is_tensor(i) and i.dtype == torch.bool for i in items)
 
         self._wrap(torch.Tensor, "__getitem__", bool_index)
+
+        def host_data_to_device(data=None, *rest, **kwargs):
+            # torch.tensor([...], device=...): host data copied to the training device. On a GPU a synchronous copy
+            # from pageable memory; on the CPU the same call, so it is counted here whatever the device.
+            return kwargs.get("device") is not None and not torch.is_tensor(data)
+
+        self._wrap(torch, "tensor", host_data_to_device)
+        self._wrap(torch, "as_tensor", host_data_to_device)
         return self
 
     def uninstall(self):
@@ -97,7 +123,7 @@ def batches(cfg, micro: int, accum: int, steps: int, packed: bool, padded: bool,
 
 
 def count_steps(layers: int, accum: int, unpad: bool, packed: bool, padded: bool, stage: int,
-                counter: SyncCounter) -> list[int]:
+                counter: SyncCounter, bf16: bool = False) -> tuple[list[int], list[int]]:
     from trainer.checkpoint import TrainState
     from trainer.engine import Engine, build_optimizer
     from trainer.loop import Components, Trainer
@@ -114,6 +140,8 @@ def count_steps(layers: int, accum: int, unpad: bool, packed: bool, padded: bool
                  "train_batch_size": micro * accum, "gradient_clipping": 1.0,
                  "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
                  "steps_per_print": 2**31 - 1}
+    if bf16:  # ds_configs/zero1_bf16.json's precision: DeepSpeed's BF16_Optimizer (fp32 master, fp32 accumulation)
+        ds_config.update(bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"})
     engine = Engine(model, build_optimizer(OptimConfig(lr=1e-3), model, 'cpu', ds_config), None, ds_config)
     comps = Components(model=model, loss=objective.loss, train_batches=lambda consumed: iter(()))
     trainer = Trainer(cfg=None, engine=engine, comps=comps, state=TrainState(), rank=0, world_size=1,
@@ -131,18 +159,19 @@ def count_steps(layers: int, accum: int, unpad: bool, packed: bool, padded: bool
             counter.on = was
 
     torch.optim.AdamW.step = uncounted_step
-    counts = []
+    counts, ours = [], []
     for step in range(3):
-        counter.count, counter.where = 0, {}
+        counter.count, counter.ours, counter.where = 0, 0, {}
         counter.on = step > 0  # the first step builds DeepSpeed's buffers
         result = trainer.train_step(stream)
         counter.on = False
         if step > 0:
             counts.append(counter.count)
-            print(f"L{layers} accum {accum} unpad {unpad} packed {packed} padded {padded} stage {stage}: "
-                  f"{counter.count} syncs {counter.where} loss {result.loss:.4f}", flush=True)
+            ours.append(counter.ours)
+            print(f"L{layers} accum {accum} unpad {unpad} packed {packed} padded {padded} stage {stage} bf16 {bf16}: "
+                  f"{counter.count} syncs ({counter.ours} ours) {counter.where} loss {result.loss:.4f}", flush=True)
     torch.optim.AdamW.step = inner_step
-    return counts
+    return counts, ours
 
 
 def main(argv=None) -> int:
@@ -159,8 +188,12 @@ def main(argv=None) -> int:
         for name in names:
             for layers in (2, 8):
                 for accum in (1, 3):
-                    results[f"z{stage}-{name}-L{layers}-a{accum}"] = count_steps(layers, accum, *paths[name], stage,
-                                                                                 counter)
+                    key = f"z{stage}-{name}-L{layers}-a{accum}"
+                    results[key], results[f"ours/{key}"] = count_steps(layers, accum, *paths[name], stage, counter)
+    for name in ("plain", "packed"):  # the GPU recipes' default: ZeRO-1, bf16 weights, fp32 master and accumulation
+        for accum in (1, 3):
+            key = f"z1bf16-{name}-L2-a{accum}"
+            results[key], results[f"ours/{key}"] = count_steps(2, accum, *paths[name], 1, counter, bf16=True)
     counter.uninstall()
     Path(argv[0]).write_text(json.dumps(results, indent=1))
     return 0

@@ -1,5 +1,6 @@
 """bench/gpu.sh waits for a GPU session with 15 minutes of device time: its every line runs here first, on the CPU
 with tiny shapes (SMOKE=1), so the first GPU run measures instead of failing on a typo."""
+import json
 import math
 import os
 import re
@@ -31,12 +32,17 @@ def test_gpu_bench_script_runs_end_to_end_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
-def test_trainer_step_bench_runs_on_cpu():
-    """bench/trainer_step.py (what gpu.sh runs when deepspeed is importable): ZeRO-2 bf16 engine with AdamW and LAMB
-    through the trainer's train_step, tiny shapes on the CPU."""
-    proc = subprocess.run([sys.executable, "bench/trainer_step.py", "--smoke"], cwd=REPO, capture_output=True,
-                          text=True, timeout=900)
+def test_trainer_step_bench_runs_on_cpu(tmp_path):
+    """bench/trainer_step.py (what gpu.sh runs when deepspeed is importable): the bf16 engine at ZeRO-1 and ZeRO-2,
+    accumulation 1 and 4, AdamW and LAMB, through the trainer's train_step, tiny shapes on the CPU; one JSON line per
+    configuration (syncs per step are null on a CPU: torch.cuda.set_sync_debug_mode needs CUDA)."""
+    jsonl = tmp_path / "bench.jsonl"
+    proc = subprocess.run([sys.executable, "bench/trainer_step.py", "--smoke", "--jsonl", str(jsonl)], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    losses = [float(x) for x in re.findall(r"trainer step \((?:adamw|lamb), .*? loss (\S+)", proc.stdout)]
-    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), proc.stdout
-    assert "model step" in proc.stdout
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert records[0]["stage"] == "model_step"
+    steps = [r for r in records if r["stage"] == "trainer_step"]
+    assert {(r["zero"], r["accum"], r["optimizer"]) for r in steps} == {
+        (z, a, o) for z in (1, 2) for a in (1, 4) for o in ("adamw", "lamb")}
+    assert all(math.isfinite(r["loss"]) and r["syncs_per_step"] is None for r in steps), steps

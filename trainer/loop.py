@@ -129,8 +129,12 @@ class Trainer:
         # fp16 loss-scale overflow skips are the scaler's routine, not a non-finite step (Engine docstring)
         trouble = self.run_lock.trouble if self.run_lock is not None else None
         lost = 0.0 if trouble is None else 1.0 if trouble == "lost" else 2.0  # 2: the heartbeat died
-        flags = torch.tensor([lost, float(self.engine.unhandled_nonfinite_step()),
-                              float(self.preempt.requested)], dtype=torch.float64, device=device)
+        # Made on the device and set only when raised: torch.tensor([...], device=cuda) would copy from pageable host
+        # memory every step (a synchronous copy); a fill of a device tensor is a kernel launch.
+        flags = torch.zeros(3, dtype=torch.float64, device=device)
+        for i, value in enumerate((lost, float(self.engine.unhandled_nonfinite_step()), float(self.preempt.requested))):
+            if value:
+                flags[i] = value
         # One collective for everything the ranks must agree on (on the device: NCCL reduces only device tensors).
         # note: the .tolist() below is the step's one device-to-host sync point.
         packed = torch.cat([torch.stack([loss_sum, *(metric_sums[k] for k in keys), tokens]), flags])
