@@ -276,7 +276,8 @@ def test_jsonl_clue_layout(tmp_path):
                                          '{"sentence1": "c", "sentence2": "d", "label": 0}\n')
     (tmp_path / "dev.json").write_text('{"sentence1": "a", "sentence2": "b", "label": "1"}\n{"sentence1": "a"}\n'
                                        'not json\n')
-    t = TaskSection(name="jsonl", text_a="sentence1", text_b="sentence2", labels=["0", "1"])
+    t = TaskSection(name="jsonl", text_a="sentence1", text_b="sentence2", labels=[0, 1])  # YAML's unquoted labels
+    assert t.labels == ["0", "1"]
     kind = task_kind(t)
     with pytest.raises(TaskDataError, match=r"dev\.json:2: no field 'sentence2'"):
         read_task(kind, tmp_path)
