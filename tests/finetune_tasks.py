@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -253,4 +254,87 @@ def topic_dialogues(text: str, n_dialogues: int, seed: int = 7, topics: int = 8,
         t = rng.randrange(topics)
         out.append({"turns": ["".join(rng.choice(function) + rng.choice(content[t]) for _ in range(rng.randint(5, 10)))
                               for _ in range(turns)]})
+    return out
+
+
+# Span, tagging and multiple-choice tasks over the generated topic language (issue 24). As in write_topic_task, the
+# training examples use only the first half of each topic's content words and the held-out ones only the second half:
+# fine-tuning never sees a held-out content word, so only what pretraining learned about it (which topic's words it
+# occurs with) can solve them; from random weights held-out words are noise and scores stay near chance.
+def _topic_words(split: str, topics: list[list[str]]) -> list[list[str]]:
+    return [t[:len(t) // 2] if split == "train" else t[len(t) // 2:] for t in topics]
+
+
+def _mixed_sentence(rng: random.Random, words: list[list[str]], function: list[str], n: int) -> tuple[list, list]:
+    """n (function word, content word of a random topic) pairs -> (tokens, topic of each token or -1)."""
+    toks, topic = [], []
+    for _ in range(n):
+        t = rng.randrange(len(words))
+        toks += [rng.choice(function), rng.choice(words[t])]
+        topic += [-1, t]
+    return toks, topic
+
+
+def write_topic_span(out: Path, n_train: int, n_dev: int, seed: int = 11, language_seed: int = 0,
+                     topics: int = 2) -> Path:
+    """SQuAD v1.1 layout: the context is 8-12 (function word, content word) pairs of topics 1.. and one content word
+    of topic 0 at a random place; the question is a fixed function word; the answer is the topic-0 word."""
+    words_all, function = topic_language(language_seed, topics=topics)
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    for split, n, name in (("train", n_train, "train-v1.1.json"), ("dev", n_dev, "dev-v1.1.json")):
+        words = _topic_words(split, words_all)
+        paragraphs = []
+        for i in range(n):
+            toks, _ = _mixed_sentence(rng, words[1:], function, rng.randint(8, 12))
+            at = 2 * rng.randrange(len(toks) // 2) + 1  # a content position
+            answer = rng.choice(words[0])
+            toks[at] = answer
+            context = " ".join(toks) + " ."
+            start = len(" ".join(toks[:at])) + 1
+            assert context[start:start + len(answer)] == answer
+            paragraphs.append({"context": context, "qas": [{"id": f"{split}{i}", "question": function[0],
+                                                            "answers": [{"text": answer, "answer_start": start}]}]})
+        (out / name).write_text(json.dumps({"version": "1.1", "data": [{"title": split, "paragraphs": paragraphs}]}))
+    return out
+
+
+def write_topic_ner(out: Path, n_train: int, n_dev: int, seed: int = 12, language_seed: int = 0,
+                    topics: int = 2) -> Path:
+    """CoNLL layout (token, POS-like filler, tag): content words are one-word entities typed by their topic (B-T0..),
+    function words O; sentences of 5-8 pairs from random topics."""
+    words_all, function = topic_language(language_seed, topics=topics)
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("dev", n_dev)):
+        words = _topic_words(split, words_all)
+        lines = ["-DOCSTART- -X- O", ""]
+        for _ in range(n):
+            toks, topic = _mixed_sentence(rng, words, function, rng.randint(5, 8))
+            lines += [f"{w} X {'O' if t < 0 else f'B-T{t}'}" for w, t in zip(toks, topic)] + [""]
+        (out / f"{split}.txt").write_text("\n".join(lines))
+    return out
+
+
+def write_topic_choice(out: Path, n_train: int, n_dev: int, seed: int = 13, language_seed: int = 0,
+                       topics: int = 2) -> Path:
+    """SWAG layout: sent1 is a sentence of one topic; of the four endings one is a sentence of that topic (the
+    answer), the other three sentences of other topics."""
+    import csv
+    words_all, function = topic_language(language_seed, topics=topics)
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    for split, n, name in (("train", n_train, "train.csv"), ("dev", n_dev, "val.csv")):
+        words = _topic_words(split, words_all)
+        with (out / name).open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source", "ending0",
+                        "ending1", "ending2", "ending3", "label"])
+            for i in range(n):
+                t, label = rng.randrange(topics), rng.randrange(4)
+                others = [k for k in range(topics) if k != t]
+                endings = [topic_sentence(rng, words[t if k == label else rng.choice(others)], function)
+                           for k in range(4)]
+                w.writerow([i, "gen", i, "", topic_sentence(rng, words[t], function), function[1], "gen", *endings,
+                            label])
     return out

@@ -17,7 +17,7 @@ from trainer.finetune.config import TaskSection
 from trainer.finetune.jsonl import jsonl_spec, read_jsonl_split
 from trainer.finetune.kinds import IGNORE, task_kind
 from trainer.finetune.ner import read_conll
-from trainer.finetune.squad import best_spans, make_windows, read_squad
+from trainer.finetune.squad import best_spans, make_windows, read_squad, token_offsets
 from trainer.finetune.squad_metrics import best_threshold, f1_en, f1_zh, normalize_answer, score, squad_scores
 from trainer.finetune.tasks import TaskDataError, read_task
 
@@ -30,14 +30,15 @@ ZH = "北京大学是中国的一所著名高等学府位于海淀区长江黄�
 
 @pytest.fixture(scope="module")
 def toks(tmp_path_factory):
-    """WordPiece, byte-level BPE and Chinese tokenizers trained on a few KB (every word and character above)."""
+    """WordPiece, byte-level BPE, SentencePiece (unigram) and Chinese tokenizers trained on a few KB (every word and
+    character above)."""
     out = tmp_path_factory.mktemp("toks")
     rng = random.Random(0)
     (out / "en.txt").write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(2000)) + "\n")
     (out / "zh.txt").write_text("\n".join("".join(rng.choice(ZH) for _ in range(20)) for _ in range(2000)) + "\n")
     from data_prep.tokenizer import load_tokenizer
     result = {}
-    for kind, text, vocab in (("wordpiece", "en", 104), ("bbpe", "en", 300), ("zh", "zh", 120)):
+    for kind, text, vocab in (("wordpiece", "en", 104), ("bbpe", "en", 300), ("unigram", "en", 40), ("zh", "zh", 120)):
         proc = subprocess.run([sys.executable, "data_prep/train_tokenizer.py", "--kind", kind, "--input",
                                str(out / f"{text}.txt"), "--vocab-size", str(vocab), "--output", str(out / kind)],
                               cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -105,7 +106,7 @@ def every_word_questions(context: str) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("kind", ["wordpiece", "bbpe"])
+@pytest.mark.parametrize("kind", ["wordpiece", "bbpe", "unigram"])
 def test_squad_windows_map_answers_through_offsets(toks, tmp_path, kind):
     """An answer at every word of a long context (so at both edges of some windows; the last word is many
     sub-tokens): every window that holds the whole answer points at tokens whose offsets give back its text, the
@@ -116,17 +117,19 @@ def test_squad_windows_map_answers_through_offsets(toks, tmp_path, kind):
     split = read_squad(squad_file(tmp_path / "train.json", [(context, every_word_questions(context))]), True)
     assert len(tok.encode(LONG)) > 3
     w = make_windows(tok, split, 32, "roberta" if kind == "bbpe" else "bert", 2, 8, 64)
+    full = token_offsets(tok, context)[1]
     assert max(w.question) == len(split.questions) - 1 and len(w.ids) > 2 * len(split.questions)
     edges = {"first": 0, "last": 0}
     for i, qi in enumerate(w.question):
         q, c0, offs = split.questions[qi], w.ctx_start[i], w.offsets[i]
         assert len(w.ids[i]) <= 32 and w.ids[i][0] == tok.cls_id and w.ids[i][-1] == tok.sep_id
         lo, hi = q.start, q.start + len(q.answers[0])
-        whole = offs[0][0] <= lo and hi <= offs[-1][1]  # the window's context covers the answer's characters
-        if w.starts[i] == 0:
-            assert not whole or offs[0][0] == lo + 1, (kind, qi)  # bbpe: a first token's offset may skip a space
+        answer_tokens = [t for t, (a, b) in enumerate(full) if a < hi and b > lo]
+        begin = next(b for b in range(len(full)) if full[b:b + len(offs)] == offs)  # the window's first token
+        whole = begin <= answer_tokens[0] and answer_tokens[-1] < begin + len(offs)
+        assert (w.starts[i] != 0) == whole, (kind, qi)
+        if not whole:
             continue
-        assert whole
         s, e = w.starts[i] - c0, w.ends[i] - c0
         assert q.context[offs[s][0]:offs[e][1]].strip() == q.answers[0], (kind, qi)
         edges["first"] += s == 0
@@ -276,7 +279,8 @@ def test_jsonl_clue_layout(tmp_path):
                                          '{"sentence1": "c", "sentence2": "d", "label": 0}\n')
     (tmp_path / "dev.json").write_text('{"sentence1": "a", "sentence2": "b", "label": "1"}\n{"sentence1": "a"}\n'
                                        'not json\n')
-    t = TaskSection(name="jsonl", text_a="sentence1", text_b="sentence2", labels=["0", "1"])
+    t = TaskSection(name="jsonl", text_a="sentence1", text_b="sentence2", labels=[0, 1])  # YAML's unquoted labels
+    assert t.labels == ["0", "1"]
     kind = task_kind(t)
     with pytest.raises(TaskDataError, match=r"dev\.json:2: no field 'sentence2'"):
         read_task(kind, tmp_path)

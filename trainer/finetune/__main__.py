@@ -30,8 +30,9 @@ EXIT_OK, EXIT_ERROR, EXIT_INPUT = 0, 1, 2
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m trainer.finetune", description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, type=Path, help="trainer checkpoint, model folder or HF folder")
-    p.add_argument("--task", required=True, help="cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli or tsv")
-    p.add_argument("--data", required=True, help="the task's folder in GLUE's layout")
+    p.add_argument("--task", required=True, help="cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli, tsv; "
+                   "jsonl, ner, squad, race, swag (trainer/finetune/kinds.py)")
+    p.add_argument("--data", required=True, help="the task's folder in its layout (GLUE, SQuAD, CoNLL, RACE, SWAG)")
     p.add_argument("--config", default=None, help="fine-tuning YAML (optional; defaults are the papers')")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2", help="grid over a key's values")

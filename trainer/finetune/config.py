@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainer.config import ConfigError, DeepSpeedConfig, apply_override
 from trainer.optim import OptimConfig
@@ -37,7 +37,14 @@ class TaskSection(_Section):
     label: str | int = "label"
     """tsv only: the label column."""
     labels: list[str] | None = None
-    """tsv only: every class as written in the files (its order = the classifier's outputs); None = regression."""
+    """tsv, jsonl: every class as written in the files (its order = the classifier's outputs); None = regression.
+    Numbers are taken as their text (``[0, 1]`` = ``["0", "1"]``: YAML reads unquoted labels as numbers)."""
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels_as_text(cls, value):
+        return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value] \
+            if isinstance(value, list) else value
     metrics: list[Literal["accuracy", "f1", "matthews", "pearson", "spearman"]] = Field(
         default_factory=lambda: ["accuracy"])
     """tsv only: metrics to report; the first is the main score."""

@@ -44,9 +44,9 @@ class DownstreamTask(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     task: str
-    """A GLUE task name or tsv (as ``python -m trainer.finetune --task``)."""
+    """A GLUE task name, tsv, jsonl, ner, squad, race or swag (as ``python -m trainer.finetune --task``)."""
     data: str
-    """The task's folder in GLUE's layout."""
+    """The task's folder in its layout (GLUE's, SQuAD's, CoNLL's, RACE's, SWAG's; README "Fine-tuning")."""
     every_steps: int = Field(gt=0)
     """Fine-tune the checkpoint of every N-th pretraining step (a checkpoint is saved at those steps)."""
     config: str | None = None
