@@ -420,3 +420,22 @@ def test_a_run_whose_heartbeat_thread_dies_stops(tmp_path):
     assert "rank 0's run lock heartbeat failed" in proc.stderr
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["status"] == "failed" and "heartbeat failed" in status["message"]
+
+
+def test_heartbeat_write_errors_that_last_stop_the_run(tmp_path, monkeypatch, capsys):
+    """A heartbeat that cannot write (a full disk: ENOSPC) is tolerated for stale_s / 2, then reported as trouble so
+    the loop stops the run before a new launch judges the live run stale (main only warned, forever)."""
+    lock = RunLock(tmp_path, stale_s=2, interval_s=0.1).acquire()
+
+    def full(self):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(RunLock, "_write_heartbeat", full)
+    deadline = time.monotonic() + 30
+    while lock.trouble is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "No space left on device" in lock.trouble
+    err = capsys.readouterr().err
+    assert "warning: run lock heartbeat failed" in err and "the run stops" in err
+    monkeypatch.undo()
+    lock.release()
