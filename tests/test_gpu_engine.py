@@ -1,6 +1,7 @@
 """trainer/engine.py's GPU decisions on the CPU, against a fake CUDA accelerator (issue 15): which device each rank
 takes (torchrun, srun with one visible GPU per task, mpirun), that it takes it before the process group exists,
-the optimizer when DeepSpeed's FusedAdam op is not prebuilt (never JIT-built at start-up), and fp16 loss-scaler skips in the non-finite guard."""
+the optimizer when DeepSpeed's FusedAdam op is not prebuilt (never JIT-built at start-up), and fp16 loss-scaler
+skips in the non-finite guard."""
 from __future__ import annotations
 
 import json

@@ -75,7 +75,8 @@ def test_export_hf_refuses(clean, tmp_path, name, capsys):
     from trainer.export_hf import main
 
     ckpt, marker = poisoned(clean, name, tmp_path)
-    said = outcome(lambda: main(["--checkpoint", str(ckpt), "--output", str(tmp_path / "hf")])) + capsys.readouterr().err
+    said = outcome(lambda: main(["--checkpoint", str(ckpt), "--output", str(tmp_path / "hf")]))
+    said += capsys.readouterr().err
     assert not marker.exists(), "loading the checkpoint ran the pickle's code"
     assert f"{ckpt / name}: refused to load: unpickling it would call io.open" in said, said
     assert not (tmp_path / "hf").exists()
@@ -90,7 +91,7 @@ def test_init_from_refuses(clean, tmp_path, name):
     said = outcome(lambda: init_weights(ckpt.parent, tmp_path / "run", rank=0))
     assert not marker.exists(), "loading the checkpoint ran the pickle's code"
     assert said.startswith("UntrustedCheckpointError") and f"{ckpt / name}: refused to load" in said, said
-    assert (tmp_path / "run" / ".init_from_").parent.exists()  # rank 0 left its failure note for the other ranks
+    # rank 0 left its failure note, so the other ranks stop with its error instead of waiting for the weights
     assert any(p.name.startswith(".init_from_") and p.name.endswith(".failed") for p in (tmp_path / "run").iterdir())
 
 

@@ -5,8 +5,8 @@ The training loop talks to ``Engine`` (forward / backward / step / save / load) 
 DeepSpeed JSON named by a recipe holds only engine settings (ZeRO stage, buckets, offload, precision blocks); the
 values the trainer computes (batch sizes, gradient clipping, precision, universal loading) are filled in by
 ``build_ds_config``, once per run, and a JSON that sets them by hand is rejected so they are never duplicated.
-``build_optimizer`` picks the optimizer: DeepSpeed's where one applies (FusedAdam on GPU when prebuilt, DeepSpeedCPUAdam under
-ZeRO-Offload), else ``trainer.optim.build``'s; every one carries the non-finite guard.
+``build_optimizer`` picks the optimizer: DeepSpeed's where one applies (FusedAdam on GPU when prebuilt,
+DeepSpeedCPUAdam under ZeRO-Offload), else ``trainer.optim.build``'s; every one carries the non-finite guard.
 """
 from __future__ import annotations
 
@@ -230,7 +230,8 @@ def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str, ds_co
                 return cls(adam_groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                            adam_w_mode=True)
             except Exception as err:  # noqa: BLE001  (a prebuilt op built against another torch/CUDA, a bad .so)
-                why = f"loading the prebuilt op failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+                first = str(err).splitlines()[0] if str(err) else ""
+                why = f"loading the prebuilt op failed ({type(err).__name__}: {first})"
         warn0(f"optimizer: DeepSpeed's FusedAdam is not usable ({why}); using torch's AdamW(fused=True) instead, "
               "the same update rule. To use DeepSpeed's, install it with its ops prebuilt: "
               "DS_BUILD_FUSED_ADAM=1 pip install deepspeed (README, 'GPU setup').")
