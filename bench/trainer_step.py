@@ -159,18 +159,21 @@ def main(argv=None) -> int:
     model = objective.build_model(cfg).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
 
+    last = {}
+
     def model_step(batch):
         from trainer.loop import _to_device
         b = _to_device(batch, device)
         with torch.autocast("cuda" if cuda else "cpu", torch.bfloat16, enabled=cuda):
             loss, _ = objective.loss(model, b)
+        last["loss"] = loss.detach()  # read once after timing (a .item() here would be a host sync per step)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     reference = timed(model_step)
     print(f"  model step (autocast bf16, AdamW fused): {reference * 1e3:8.1f} ms/step  "
-          f"MFU {flops / reference / peak:6.1%}", flush=True)
+          f"MFU {flops / reference / peak:6.1%}  loss {last['loss'].item():.3f}", flush=True)
     del model, opt
     if cuda:
         torch.cuda.empty_cache()
@@ -178,7 +181,8 @@ def main(argv=None) -> int:
     # (b) the trainer's step: DeepSpeed engine + Trainer.train_step at ZeRO-1 (the recipes' default) and ZeRO-2,
     # accumulation 1 and 4 (time per micro-batch compared with the model step's), AdamW and LAMB
     emit(args.jsonl, {"stage": "model_step", "preset": preset, "seq": seq, "batch": batch_rows,
-                      "ms_per_step": reference * 1e3, "mfu": flops / reference / peak, "peak_flops": peak})
+                      "ms_per_step": reference * 1e3, "mfu": flops / reference / peak, "peak_flops": peak,
+                      "loss": last["loss"].item()})
     for stage in (1, 2):
         for accum in (1, 4):
             for name in ("adamw", "lamb"):
