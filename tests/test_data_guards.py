@@ -224,3 +224,38 @@ def test_the_walk_within_documents_stops_at_the_document_end(tmp_path, monkeypat
     index = build_index(corpus, "doc-sentences", 128, 0.0, 1, False, compiled=False)
     assert len(index) == 2000 and np.array_equal(index.chunks[:, 1] - index.chunks[:, 0], np.ones(2000))
     assert len(looks) <= 3 * 2000, f"{len(looks) / 2000:.0f} looks per sentence"
+
+
+def test_a_blend_weight_with_no_slot_is_refused():
+    """Issue 25 item 7 (this and the next two): refused with the setting to change. Before: the corpus was never
+    read."""
+    from trainer.data.order import Blend
+
+    assert Blend([1.0, 0.001, 0.001], period=1000).per_period.tolist() == [998, 1, 1]
+    with pytest.raises(ValueError, match=r"corpus 2 .* data\.blend_period=1,000"):
+        Blend([1.0, 1e-4, 1e-4], period=1000)  # megatron's blending gives one of the two the only small slot
+
+
+def test_a_shard_whose_last_document_pointer_is_off_is_refused_at_open(tmp_path):
+    """Before: opened, and patched quietly where the index is built."""
+    import struct
+
+    prefix = write_shards([[[5, 6], [7]], [[8, 9]]], tmp_path / "off", 100)
+    IndexedCorpus(prefix, CachePolicy(tmp_path / "cache"))
+    idx = tmp_path / "off_00000.idx"
+    raw = bytearray(idx.read_bytes())
+    raw[-8:] = struct.pack("<q", 2)  # the last document ends at sentence 2 of 3
+    idx.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"off_00000: .*last document ends at sentence 2, not at its 3 sentences"):
+        IndexedCorpus(prefix, CachePolicy(tmp_path / "cache2"))
+
+
+def test_build_index_refuses_a_mistyped_option_and_accepts_the_trainers(capsys):
+    """Before: any unknown option was ignored (--wokers 4 built with the default workers)."""
+    from trainer.data import build_index
+
+    with pytest.raises(SystemExit) as exit_:
+        build_index.parse_args(["--config", "tiny_bert", "--wokers", "4"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --wokers 4" in capsys.readouterr().err
+    args = build_index.parse_args(["--config", "tiny_bert", "--resume", "none", "--workers", "3"])  # trainer's
+    assert args.workers == 3

@@ -5,8 +5,8 @@ For every training and validation corpus of the config's ``data`` section it wri
 corpus arrays and the sample index that the ranks will map at start (trainer/data/sample_index.py), in the config's
 ``data.cache_dir``. The Slurm templates run it once on the batch host before launching the ranks, so no GPU waits
 for it; an existing valid index is skipped in milliseconds. Options other than ``--config``, ``--set`` and
-``--workers`` (the trainer's ``--resume`` ...) are accepted and ignored, so a launcher can pass the trainer's
-arguments unchanged.
+``--workers`` that the trainer takes (``--resume`` ...) are accepted and ignored, so a launcher can pass the trainer's
+arguments unchanged; any other option (a typo) is refused (exit 2).
 
 Exit status: 0 built or already there; 1 error (message names the corpus or file); 2 invalid config.
 """
@@ -29,7 +29,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="override a config key, as for trainer.pretrain (e.g. --set data.cache_dir=/lustre/cache)")
     p.add_argument("--workers", type=int, default=None,
                    help="threads building shards in parallel (default: the CPUs of this machine, at most 16)")
-    args, _ignored = p.parse_known_args(argv)
+    args, rest = p.parse_known_args(argv)
+    if rest:  # the trainer's own options are fine (a launcher passes them unchanged); anything else is a typo
+        import contextlib  # noqa: PLC0415
+        import io  # noqa: PLC0415
+
+        from trainer import pretrain  # noqa: PLC0415
+
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                pretrain.parse_args(["--config", args.config, *rest])
+        except SystemExit:
+            p.error(f"unrecognized arguments: {' '.join(rest)} (build_index takes --config, --set and --workers, "
+                    "and accepts the trainer's own options)")
     return args
 
 

@@ -50,22 +50,28 @@ class IdxHeader:
     sequences: int
     documents: int  # entries of document_indices (documents + 1)
     offset: int  # where sequence_lengths start
+    last_document_end: int | None = None  # document_indices[-1] (read with ``tail=True``): the sentence count
 
 
-def idx_header(shard_prefix: str) -> IdxHeader:
-    """The counts and token dtype of a shard's ``.idx`` (34 bytes read, nothing mapped)."""
+def idx_header(shard_prefix: str, tail: bool = False) -> IdxHeader:
+    """The counts and token dtype of a shard's ``.idx`` (34 bytes read, nothing mapped; ``tail``: also its last 8
+    bytes, the end of its last document, in the same open)."""
     for suffix in (".bin", ".idx"):
         if not os.path.exists(shard_prefix + suffix):
             raise FileNotFoundError(f"{shard_prefix}{suffix} is missing: the manifest lists it; rebuild the corpus")
+    last = None
     with open(shard_prefix + ".idx", "rb") as f:
         head = f.read(34)
+        if tail and f.seek(0, os.SEEK_END) >= 42:
+            f.seek(-8, os.SEEK_END)
+            last = struct.unpack("<q", f.read(8))[0]
     if len(head) < 34 or head[:9] != IDX_MAGIC or struct.unpack("<Q", head[9:17])[0] != 1:
         raise ValueError(f"{shard_prefix}.idx is not a megatron-core indexed dataset index (version 1)")
     code = head[17]
     if code not in IDX_DTYPES:
         raise ValueError(f"{shard_prefix}.idx: unknown token dtype code {code}")
     seqs, docs = struct.unpack("<QQ", head[18:34])
-    return IdxHeader(np.dtype(IDX_DTYPES[code]), seqs, docs, 34)
+    return IdxHeader(np.dtype(IDX_DTYPES[code]), seqs, docs, 34, last)
 
 
 def idx_arrays(shard_prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -114,7 +120,10 @@ def check_shard(shard_prefix: str, spec: dict, prefix: str, manifest: dict) -> I
     if sizes[".idx"] != want_idx:
         raise refuse(f".idx is {sizes['.idx']:,} bytes, {spec['sentences']:,} sentences in {spec['documents']:,} "
                      f"documents (the manifest) make {want_idx:,}")
-    h = idx_header(shard_prefix)
+    h = idx_header(shard_prefix, tail=True)
+    if h.documents > 1 and h.last_document_end != h.sequences:
+        raise refuse(f".idx's last document ends at sentence {h.last_document_end:,}, not at its {h.sequences:,} "
+                     "sentences (a document pointer is off)")
     if (h.sequences, h.documents - 1) != (spec["sentences"], spec["documents"]):
         raise refuse(f".idx holds {h.sequences:,} sentences in {h.documents - 1:,} documents, the manifest says "
                      f"{spec['sentences']:,} in {spec['documents']:,}")

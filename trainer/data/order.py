@@ -160,6 +160,11 @@ class Blend:
         self.local = np.zeros(self.period, dtype=np.int64)
         helpers_cpp.build_blending_indices(self.corpus, self.local, self.weights, n, self.period, False)
         self.per_period = np.bincount(self.corpus, minlength=n).astype(np.int64)
+        if (self.per_period == 0).any():
+            k = int(np.flatnonzero(self.per_period == 0)[0])
+            raise ValueError(
+                f"blend: corpus {k} has weight share {self.weights[k]:.3g}, under one slot in data.blend_period="
+                f"{self.period:,} slots, so it would never be read; raise its weight or data.blend_period")
 
     def __call__(self, position: int) -> tuple[int, int]:
         if self.corpus is None:

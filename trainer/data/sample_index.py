@@ -281,8 +281,10 @@ def _shard_chunks(task) -> tuple[np.ndarray, np.ndarray]:
     n = len(lengths)
     run = K.kernels(n, compiled)
     docs = np.asarray(docs, np.int64)
-    if len(docs) == 0 or docs[-1] != n:
-        docs = np.concatenate([docs[:1] if len(docs) else [0], docs[1:][docs[1:] < n], [n]]).astype(np.int64)
+    if len(docs) == 0 and n == 0:
+        docs = np.zeros(1, np.int64)
+    if docs[-1] != n:  # checked when the corpus was opened (corpus.check_shard); a builder never patches it quietly
+        raise ValueError(f"{prefix}.idx: the last document ends at sentence {int(docs[-1])}, the shard holds {n}")
     mode = {"full-sentences": K.FULL_SENTENCES, "sentence-pair": K.SENTENCE_PAIR}.get(layout.fmt, K.WITHIN_DOCUMENT)
     keep_min = 2 if layout.fmt in ("segment-pair", "sop-pair", "sentence-pair") else 1  # a pair needs 2 sentences
     seed_mix = np.uint64(mix64(layout.index_seed & M64))
