@@ -15,7 +15,8 @@ import pytest
 from trainer.finetune.conlleval import chunks, evaluate
 from trainer.finetune.config import TaskSection
 from trainer.finetune.jsonl import jsonl_spec, read_jsonl_split
-from trainer.finetune.kinds import IGNORE, task_kind
+from trainer.finetune.kind_base import IGNORE
+from trainer.finetune.kinds import task_kind
 from trainer.finetune.ner import read_conll
 from trainer.finetune.squad import best_spans, make_windows, read_squad, token_offsets
 from trainer.finetune.squad_metrics import best_threshold, f1_en, f1_zh, normalize_answer, score, squad_scores

@@ -213,3 +213,59 @@ def test_bad_checkpoints_and_tokenizers_fail_before_training(work, tmp_path, cap
     assert finetune_main(base + ["--checkpoint", str(small), "--set", f"tokenizer={work / 'wordpiece'}"]) == 2
     assert "has 800 tokens but the model's embedding table has 500 rows" in capsys.readouterr().err
     assert not (tmp_path / "finetune").exists()  # nothing was trained or written
+
+
+def test_every_new_kind_runs_from_the_cli_and_exports(work, tmp_path, clean_env):
+    """Issue 24's kinds end to end in one epoch each (BERT model folder): squad as v2.0 (unanswerable questions
+    detected, null threshold), race (per high/middle), jsonl (CLUE lines), ner; each run's model is exported
+    (train.export_dir) and loads in transformers' Auto class for its head. Learning is checked in
+    test_finetune_downstream.py; this checks the plumbing and what results.json holds."""
+    import csv
+
+    import transformers
+
+    from finetune_tasks import write_topic_choice, write_topic_ner, write_topic_span
+    bert, _ = make_source(work, "bert")
+    span = write_topic_span(tmp_path / "span", 24, 12)
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    for src, dst in (("train-v1.1.json", "train-v2.0.json"), ("dev-v1.1.json", "dev-v2.0.json")):
+        d = json.loads((span / src).read_text())
+        for p in d["data"][0]["paragraphs"][::3]:
+            p["qas"][0].update(is_impossible=True, answers=[])
+        (v2 / dst).write_text(json.dumps(d))
+    rows = list(csv.DictReader((write_topic_choice(tmp_path / "mc", 16, 8) / "train.csv").open()))
+    race = tmp_path / "race"
+    for split in ("train", "dev"):
+        for group, part in (("high", rows[:8]), ("middle", rows[8:])):
+            (race / split / group).mkdir(parents=True)
+            (race / split / group / "a.txt").write_text(json.dumps({
+                "id": group, "article": part[0]["sent1"], "questions": ["_"] * len(part),
+                "options": [[r[f"ending{k}"] for k in range(4)] for r in part],
+                "answers": ["ABCD"[int(r["label"])] for r in part]}))
+    clue = tmp_path / "clue"
+    clue.mkdir()
+    for split in ("train", "dev"):
+        (clue / f"{split}.json").write_text("".join(json.dumps({"sentence": r["sent1"], "label": int(r["label"]) % 2})
+                                                    + "\n" for r in rows))
+    cases = {"squad": (v2, ["--set", "task.doc_stride=16"], "AutoModelForQuestionAnswering",
+                       {"f1", "exact_match", "f1_threshold0", "exact_match_threshold0", "f1_null_threshold",
+                        "exact_match_null_threshold"}),
+             "race": (race, [], "AutoModelForMultipleChoice", {"accuracy", "accuracy_high", "accuracy_middle"}),
+             "jsonl": (clue, ["--set", "task.labels=[0,1]"], "AutoModelForSequenceClassification", {"accuracy"}),
+             "ner": (write_topic_ner(tmp_path / "ner", 16, 8), [], "AutoModelForTokenClassification",
+                     {"f1", "precision", "recall", "accuracy", "f1_T0", "f1_T1"})}
+    for task, (data, extra, auto, metrics) in cases.items():
+        out = tmp_path / f"run_{task}"
+        code = finetune_main(["--checkpoint", str(bert), "--task", task, "--data", str(data), "--set", f"run_dir={out}",
+                              "--set", "train.epochs=1", "--set", "train.global_batch_size=8", "--set",
+                              "train.micro_batch_size=8", "--set", "train.max_seq_length=64", "--set",
+                              "deepspeed.config=ds_configs/zero0.json", "--set", f"train.export_dir={out / 'hf'}",
+                              *extra])
+        assert code == 0, task
+        res = json.loads((out / "finetune" / task / "results.json").read_text())
+        assert set(res["best"]["dev"]) == metrics, (task, res["best"])
+        model = getattr(transformers, auto).from_pretrained(out / "hf" / "0_seed1234", local_files_only=True)
+        assert type(model).__name__.startswith("Bert"), task
+    assert json.loads((tmp_path / "run_ner" / "hf" / "0_seed1234" / "config.json").read_text())["id2label"] == \
+        {"0": "O", "1": "B-T0", "2": "B-T1"}

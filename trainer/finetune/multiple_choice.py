@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.finetune.kinds import TaskKind, choice_loss, pad_rows, pair_ids, pair_overhead
+from trainer.finetune.kind_base import TaskKind, choice_loss, pad_rows, pair_ids, pair_overhead
 from trainer.finetune.tasks import TaskDataError
 
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.finetune.conlleval import check_tag, evaluate
-from trainer.finetune.kinds import IGNORE, TaskKind, pad_rows
+from trainer.finetune.kind_base import IGNORE, TaskKind, pad_rows
 from trainer.finetune.tasks import TaskDataError
 
 FILES = {"train": "train.txt", "dev": "dev.txt", "test": "test.txt"}

@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from trainer.finetune.kind_base import TaskKind
 from trainer.finetune.metrics import compute
 from trainer.finetune.tasks import Example, TaskSpec
 
@@ -78,6 +80,47 @@ def task_loss(model, batch: dict) -> torch.Tensor:
     return F.cross_entropy(logits, batch["labels"])
 
 
+class ClassificationKind(TaskKind):
+    """GLUE, tsv and jsonl: the existing classifier (trainer/finetune/model.py) and GLUE's metrics."""
+
+    head = "sequence"
+
+    def __init__(self, spec, reader: Callable | None = None):
+        self.spec, self.reader = spec, reader
+        self.name, self.metrics, self.num_labels = spec.name, spec.metrics, spec.num_labels
+
+    def read(self, data_dir):
+        from trainer.finetune.tasks import read_task
+        return read_task(self.spec, data_dir, self.reader)
+
+    def encode(self, tokenizer, split, max_len, family, types):
+        return encode(tokenizer, split.examples, max_len, family, types)
+
+    def build_model(self, source, cfg):
+        from trainer.finetune.model import build_classifier
+        return build_classifier(source, self.spec.num_labels, cfg.train.dropout, cfg.train.classifier_dropout,
+                                cfg.train.from_scratch)
+
+    def collate(self, data, idx, pad_id):
+        return collate(data, idx, pad_id, self.spec.is_regression)
+
+    def loss(self, model, batch):
+        return task_loss(model, batch)
+
+    def outputs(self, model, batch):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       token_type_ids=batch["token_type_ids"]).float()
+        return logits.squeeze(-1).tolist() if self.spec.is_regression else logits.argmax(-1).tolist()
+
+    def score(self, outputs, data):
+        return compute(self.spec.metrics, outputs, data.labels)
+
+
+def as_kind(spec) -> TaskKind:
+    """A registered kind as is; a GLUE/tsv TaskSpec as the classification kind."""
+    return spec if isinstance(spec, TaskKind) else ClassificationKind(spec)
+
+
 def sample_stream(n: int, steps: int, global_batch: int, seed: int) -> np.ndarray:
     """steps x global_batch example indices: a fresh seeded permutation per epoch, concatenated."""
     need = steps * global_batch
@@ -116,7 +159,6 @@ def evaluate(engine, data, kind, batch_size: int, pad_id: int, rank: int, world:
 
 def encode_split(spec, tokenizer, split, max_len: int, family: str, type_vocab_size: int):
     """A split's examples as the task's model inputs (GLUE/tsv: ``encode``; other kinds: their own)."""
-    from trainer.finetune.kinds import as_kind
     return as_kind(spec).encode(tokenizer, split, max_len, family, type_vocab_size)
 
 
@@ -127,7 +169,6 @@ def run_one(cfg, source, spec: TaskSpec, train: Encoded, devs: dict[str, Encoded
     from trainer import engine as ds
     from trainer.checkpoint import seed_everything
     from trainer.finetune.config import accumulation
-    from trainer.finetune.kinds import as_kind
     from trainer.finetune.model import optimizer_groups
     from trainer.optim.config import ScheduleConfig
     from trainer.optim.schedules import build_scheduler

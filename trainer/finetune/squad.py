@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trainer.finetune.kinds import TaskKind, pad_rows, pair_overhead
+from trainer.finetune.kind_base import TaskKind, pad_rows, pair_overhead
 from trainer.finetune.squad_metrics import CJK, squad_scores
 from trainer.finetune.tasks import TaskDataError
 
