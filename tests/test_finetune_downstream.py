@@ -133,6 +133,7 @@ def test_two_ranks_under_torchrun_equal_one_rank(corpus, short_run, tmp_path):
     assert r1["metrics"] == r2["metrics"]
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_two_ranks_equal_one_rank_on_squad(short_run, tmp_path):
     """Span extraction data parallel: windows split over 2 ranks, start/end logits gathered, answers picked on every
@@ -157,8 +158,11 @@ def test_two_ranks_equal_one_rank_on_squad(short_run, tmp_path):
 @pytest.mark.multiproc
 def test_downstream_scores_during_pretraining(corpus, tmp_path):
     run_dir = tmp_path / "run"
+    ner = write_topic_ner(tmp_path / "ner", 16, 16)  # a task of another family (issue 24), once at step 20
     down = (f"eval.downstream=[{{task: rte, data: {corpus / 'rte'}, every_steps: 10, "
-            "set: [train.epochs=1, deepspeed.config=ds_configs/zero0.json, optim.lr=1e-3]}]")
+            "set: [train.epochs=1, deepspeed.config=ds_configs/zero0.json, optim.lr=1e-3]}, "
+            f"{{task: ner, data: {ner}, every_steps: 20, set: [train.epochs=1, optim.lr=1e-3, "
+            "deepspeed.config=ds_configs/zero0.json]}]")
     proc = pretrain(corpus, run_dir, 20, "--set", down, "--set", "checkpoint.every_steps=0",
                     "--set", "checkpoint.keep_last=1", "--set", "eval.env={CUDA_VISIBLE_DEVICES: ''}")
     assert "downstream: fine-tuning rte on the step-10 checkpoint" in proc.stdout
@@ -167,9 +171,13 @@ def test_downstream_scores_during_pretraining(corpus, tmp_path):
     while time.monotonic() < deadline:
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
         records = [json.loads(x) for x in lines if '"downstream"' in x]
-        if len(records) == 2:
+        if len(records) == 3:
             break
         time.sleep(2)
+    ner_records = [r for r in records if r["task"] == "ner"]
+    assert len(ner_records) == 1 and ner_records[0]["step"] == 20 and 0.0 <= ner_records[0]["ner_f1"] <= 1.0
+    assert "ner_accuracy" in ner_records[0], ner_records
+    records = [r for r in records if r["task"] != "ner"]
     assert sorted(r["step"] for r in records) == [10, 20], records
     for rec in records:
         assert rec["task"] == "rte" and 0.0 <= rec["rte_accuracy"] <= 1.0
@@ -331,7 +339,8 @@ def test_pretraining_helps_span_tagging_and_choice(topic_pretrained, tmp_path, i
                                   "--seeds", "2", "--set", f"run_dir={out}", "--set", "train.epochs=10",
                                   "--set", "train.global_batch_size=16", "--set", "train.micro_batch_size=16",
                                   "--set", "optim.lr=1e-3", "--set", f"train.from_scratch={scratch}",
-                                  "--set", "train.max_seq_length=128", "--set", "deepspeed.config=ds_configs/zero0.json"])
+                                  "--set", "train.max_seq_length=128",
+                                  "--set", "deepspeed.config=ds_configs/zero0.json"])
             assert code == 0
             res = json.loads((out / "finetune" / task / "results.json").read_text())
             assert res["from_scratch"] == (scratch == "true") and len(res["runs"]) == 2

@@ -215,6 +215,7 @@ def test_bad_checkpoints_and_tokenizers_fail_before_training(work, tmp_path, cap
     assert not (tmp_path / "finetune").exists()  # nothing was trained or written
 
 
+@pytest.mark.slow
 def test_every_new_kind_runs_from_the_cli_and_exports(work, tmp_path, clean_env):
     """Issue 24's kinds end to end in one epoch each (BERT model folder): squad as v2.0 (unanswerable questions
     detected, null threshold), race (per high/middle), jsonl (CLUE lines), ner; each run's model is exported
