@@ -8,7 +8,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: venv test test-fast quickstart bench clean
+.PHONY: venv test test-fast quickstart bench gpu-wheels clean
 
 venv: $(VENV)/.stamp
 
@@ -36,6 +36,10 @@ bench/out/megatron_lm:
 bench: venv bench/out/megatron_lm
 	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/python bench/prep.py
+
+# Wheels bench/gpu.sh installs (pip --no-index) on a GPU node that has only Python 3.12, torch, transformers, triton.
+gpu-wheels: venv
+	bash bench/gpu_wheels.sh bench/out/wheels
 
 clean:
 	rm -rf $(VENV) quickstart_out .pytest_cache

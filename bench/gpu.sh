@@ -8,14 +8,35 @@
 #   bash bench/gpu.sh                 # all of it (~3-5 min on an H100/H200)
 #   STEPS=10 BATCH_TOKENS=8192 bash bench/gpu.sh
 #   SMOKE=1 bash bench/gpu.sh         # the same code on the CPU with tiny shapes (~30 s): checks the script, no figures
+#   bash bench/gpu.sh --cpu-smoke     # the same as SMOKE=1
+# On a node without pydantic/deepspeed/megatron-core and without network: `make gpu-wheels` first (where there is
+# network), then bring bench/out/wheels along; the script installs from it (pip --no-index) into bench/out/site.
 # Output goes to stdout and, when $OUT is set, to $OUT/gpu_bench.txt.
 #
 # Status: NOT RUN ON A GPU YET (no GPU was lent to the sessions so far; `SMOKE=1` runs in the test suite); the
 # figures belong in BENCHMARKS.md under "## Model step" once someone runs it on a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+[ "${1:-}" = "--cpu-smoke" ] && export SMOKE=1
 export STEPS="${STEPS:-20}" BATCH_TOKENS="${BATCH_TOKENS:-8192}" SMOKE="${SMOKE:-0}"
+# A bare node (Python + torch + transformers + triton, no network): what else the trainer step needs is installed from
+# the wheels `make gpu-wheels` put in $WHEELS, with --no-index, into $SITE (prepended to PYTHONPATH; nothing else
+# on the machine changes). Skipped when everything imports already.
+WHEELS="${WHEELS:-bench/out/wheels}" SITE="${SITE:-bench/out/site}"
+case "$SITE" in /*) ;; *) SITE="$PWD/$SITE" ;; esac
+NEEDED="pydantic pydantic-core annotated-types typing-extensions typing-inspection hjson msgpack ninja einops psutil
+        py-cpuinfo tqdm deepspeed megatron-core"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if ! python -c "import pydantic, deepspeed, megatron.core" >/dev/null 2>&1; then
+    if [ -d "$WHEELS" ]; then
+        start=$(date +%s)
+        python -m pip install -q --no-index --no-deps --find-links "$WHEELS" --target "$SITE" --upgrade $NEEDED
+        export PYTHONPATH="$SITE:$PYTHONPATH"
+        echo "installed from $WHEELS into $SITE in $(( $(date +%s) - start )) s"
+    else
+        echo "pydantic/deepspeed/megatron-core missing and no $WHEELS: run 'make gpu-wheels' where there is network"
+    fi
+fi
 python - <<'PY' 2>&1 | tee "${OUT:-/tmp}/gpu_bench.txt"
 import os
 import time
@@ -46,6 +67,19 @@ name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (SMOKE=1: ch
 print(f"device: {name}, torch {torch.__version__}, transformers {transformers.__version__}, "
       f"varlen attention: {choose_varlen_method(dev, torch.bfloat16)} (bf16), "
       f"{choose_varlen_method(dev, torch.float32)} (fp32)")
+
+
+import json
+
+from trainer.metrics import table_peak_flops
+
+SHEET = table_peak_flops(name, torch.bfloat16) if dev.type == "cuda" else None  # datasheet dense bf16, or None
+ENV = {"stage": "env", "device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
+       "transformers": transformers.__version__, "datasheet_bf16_peak_flops": SHEET,
+       "varlen_bf16": choose_varlen_method(dev, torch.bfloat16)}
+print(json.dumps(ENV), flush=True)
+with open(os.path.join(os.environ.get("OUT", "/tmp"), "gpu_bench.jsonl"), "a") as f:
+    f.write(json.dumps(ENV) + "\n")
 
 
 def bf16_peak(n=256 if SMOKE else 8192, reps=2 if SMOKE else 50):
@@ -107,8 +141,10 @@ del ours, hf, unpadded
 torch.backends.cuda.matmul.allow_tf32 = True
 
 # ---------------------------------------------------------------- BERT-large bf16 training steps, ours vs HF
-peak = bf16_peak()
-print(f"measured bf16 matmul peak: {peak / 1e12:.1f} TFLOP/s")
+measured = bf16_peak()
+print(f"measured bf16 matmul peak: {measured / 1e12:.1f} TFLOP/s; MFU below against "
+      f"{'the datasheet: %.1f TFLOP/s' % (SHEET / 1e12) if SHEET else 'the measured peak (GPU not in PEAK_TFLOPS)'}")
+peak = SHEET or measured
 for seq, padding in ((SEQS[0], 0.0), (SEQS[1], 0.0), (SEQS[1], 0.5)):
     batch = BATCH_TOKENS // seq
     preds = round(0.15 * seq)
@@ -170,9 +206,11 @@ for seq, padding in ((SEQS[0], 0.0), (SEQS[1], 0.0), (SEQS[1], 0.5)):
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 PY
-# The trainer's step (DeepSpeed ZeRO-2 bf16 engine + trainer.loop, AdamW and LAMB) against the bare model step.
-if python -c "import deepspeed" >/dev/null 2>&1; then
-    python bench/trainer_step.py $([ "$SMOKE" = 1 ] && echo --smoke) 2>&1 | grep -v "^\[20" | tee -a "${OUT:-/tmp}/gpu_bench.txt"
+# The trainer's step (DeepSpeed bf16 engine at ZeRO-1 and ZeRO-2, accumulation 1 and 4, AdamW and LAMB, + trainer.loop)
+# against the bare model step; one JSON line per configuration in $OUT/gpu_bench.jsonl.
+if python -c "import deepspeed, pydantic" >/dev/null 2>&1; then
+    python bench/trainer_step.py $([ "$SMOKE" = 1 ] && echo --smoke) --jsonl "${OUT:-/tmp}/gpu_bench.jsonl" 2>&1 \
+        | grep -v "^\[20" | tee -a "${OUT:-/tmp}/gpu_bench.txt"
 else
     echo "trainer steps: skipped (deepspeed is not importable; pip install deepspeed to measure them)" \
         | tee -a "${OUT:-/tmp}/gpu_bench.txt"
