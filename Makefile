@@ -23,7 +23,7 @@ test: venv
 	$(BIN)/python -m pytest -q
 
 test-fast: venv
-	$(BIN)/python -m pytest -q -m "not slow and not slurm"
+	$(BIN)/python -m pytest -q -m "not slow and not slurm and not multiproc"
 
 quickstart: venv
 	bash scripts/quickstart.sh

@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # the whole script with tiny shapes, 8 timed configurations (~25 s alone)
 def test_gpu_bench_script_runs_end_to_end_on_cpu(tmp_path):
     # the GPU machine has torch and transformers but no deepspeed or megatron-core: the script must not need them
     for name in ("deepspeed", "megatron"):

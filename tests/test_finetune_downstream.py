@@ -89,6 +89,7 @@ def short_run(corpus, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # its fixture pretrains for 4 steps in a subprocess (~30 s alone)
 def test_trainer_checkpoint_weights_reach_the_classifier(short_run):
     """A trainer checkpoint (ZeRO-2, as the recipe saves it) gives the classifier every encoder tensor and the NSP
     pooler bit for bit, read independently here from DeepSpeed's own module file; no key is dropped, renamed or
