@@ -259,3 +259,16 @@ def test_build_index_refuses_a_mistyped_option_and_accepts_the_trainers(capsys):
     assert exit_.value.code == 2 and "unrecognized arguments: --wokers 4" in capsys.readouterr().err
     args = build_index.parse_args(["--config", "tiny_bert", "--resume", "none", "--workers", "3"])  # trainer's
     assert args.workers == 3
+
+
+def test_a_full_sentences_chunk_may_end_on_a_document_end_at_the_full_budget(tmp_path):
+    """Issue 25 item 7: sentences of 4 and 6 tokens ending a document fill a budget of 10 exactly ([CLS] 4 6 [SEP]:
+    the row's final [SEP] closes the document); the walk counted that document's [SEP] too and planned the chunk one
+    token short (4 + 7 > 10: a 4-token chunk, then a 6-token one)."""
+    from trainer.data.sample_index import build_index
+
+    prefix = write_shards([[[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]], [[15, 16, 17]]], tmp_path / "fs", 100)
+    corpus = IndexedCorpus(prefix, CachePolicy(tmp_path / "cache"))
+    for compiled in (False, True):
+        index = build_index(corpus, "full-sentences", 12, 0.0, 1, False, compiled=compiled)  # budget 10
+        assert index.chunks[:, :2].tolist() == [[0, 2], [2, 3]], compiled

@@ -13,7 +13,8 @@ The layout rules, sentence by sentence (``cost`` = its tokens, plus 1 for the la
 
 - ``target(s)``: ``budget`` tokens, or with probability ``short_seq_prob`` uniform in ``[2, budget]`` (BERT); a
   pure function of ``(data.index_seed, s)`` (a splitmix64 hash), so any block of sentences gets its targets alone.
-- ``next(s)``: the largest ``e`` with ``cost(s..e) <= target(s)``, at least ``s + 2`` for segment/SOP pairs and
+- ``next(s)``: the largest ``e`` with ``cost(s..e) <= target(s)`` (in full-sentences not counting the [SEP] of a
+  document end that ends the chunk: the row's final [SEP] closes it), at least ``s + 2`` for segment/SOP pairs and
   ``s + 1`` otherwise, at most ``s + budget`` sentences; ``s + 2`` for sentence-pair. Formats other than
   full-sentences stop at the document end, and a 1-sentence remainder of a document (2 for pairs) joins the chunk.
   No chunk crosses a shard boundary (a shard holds ~1M sentences, so that is a loss of one sample in ~10^5).
