@@ -259,3 +259,46 @@ def test_build_index_refuses_a_mistyped_option_and_accepts_the_trainers(capsys):
     assert exit_.value.code == 2 and "unrecognized arguments: --wokers 4" in capsys.readouterr().err
     args = build_index.parse_args(["--config", "tiny_bert", "--resume", "none", "--workers", "3"])  # trainer's
     assert args.workers == 3
+
+
+def test_a_full_sentences_chunk_may_end_on_a_document_end_at_the_full_budget(tmp_path):
+    """Issue 25 item 7: sentences of 4 and 6 tokens ending a document fill a budget of 10 exactly ([CLS] 4 6 [SEP]:
+    the row's final [SEP] closes the document); the walk counted that document's [SEP] too and planned the chunk one
+    token short (4 + 7 > 10: a 4-token chunk, then a 6-token one)."""
+    from trainer.data.sample_index import build_index
+
+    prefix = write_shards([[[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]], [[15, 16, 17]]], tmp_path / "fs", 100)
+    corpus = IndexedCorpus(prefix, CachePolicy(tmp_path / "cache"))
+    for compiled in (False, True):
+        index = build_index(corpus, "full-sentences", 12, 0.0, 1, False, compiled=compiled)  # budget 10
+        assert index.chunks[:, :2].tolist() == [[0, 2], [2, 3]], compiled
+
+
+def test_index_build_threads_are_capped_by_a_memory_budget(tmp_path, monkeypatch):
+    """Issue 25 item 4 (part): ``--workers $SLURM_CPUS_ON_NODE`` (128-224) started that many threads with 2 shards
+    each in flight, ~56 bytes per sentence of the largest shard apiece (~25 GB at 224 threads and 1M-sentence
+    shards). The threads are now capped by a memory budget; the index is the same. Observed through the thread
+    pool the build starts (a recording subclass of concurrent.futures.ThreadPoolExecutor)."""
+    import concurrent.futures
+
+    import trainer.data.sample_index as S
+
+    sizes = []
+
+    class Recording(concurrent.futures.ThreadPoolExecutor):
+        def __init__(self, max_workers=None, *a, **k):
+            if k.get("thread_name_prefix") == "index":  # the index builder's pool (not other libraries')
+                sizes.append(max_workers)
+            super().__init__(max_workers, *a, **k)
+
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", Recording)
+    docs = [[[5 + (i + j) % 40, 6, 7] for j in range(1 + i % 5)] for i in range(400)]
+    corpus = IndexedCorpus(write_shards(docs, tmp_path / "many", 100, docs_per_shard=20), CachePolicy(tmp_path / "c"))
+    reference = S.build_index(corpus, "doc-sentences", 32, 0.1, 1, False)
+    largest = max(count for _, _, count in corpus.shards)
+    # room for 3 threads (56 bytes per sentence: sample_index.SHARD_BYTES_PER_SENTENCE)
+    monkeypatch.setattr(S, "BUILD_MEMORY", 2 * 56 * largest * 3, raising=False)
+    built = S.load_or_build(corpus, "doc-sentences", 32, 0.1, 1, False, CachePolicy(tmp_path / "c", workers=16))
+    assert sizes == [3] and np.array_equal(built.chunks, reference.chunks)
+    assert S.threads_for(224, 1_000_000, 1000, budget=2 << 30) == 19  # the default budget, 1M-sentence shards
+    assert S.threads_for(224, 10**10, 5, budget=2 << 30) == 1

@@ -71,7 +71,10 @@ def reference_index(corpus: IndexedCorpus, fmt: str, T: int, short: float, seed:
     if fmt == "sentence-pair":
         nxt = s + 2
     else:
-        fit = np.searchsorted(cum, cum[:-1] + target, side="right") - 1
+        # in full-sentences a chunk ending on a document end needs no [SEP] of its own (the row's last closes it):
+        # the end at e costs cum[e] - 1 when sentence e - 1 ends a document (non-decreasing in e: searchsorted)
+        ends = np.concatenate([[0], cum[1:] - (fmt == "full-sentences") * (doc_end - 1 == s)])
+        fit = np.searchsorted(ends, cum[:-1] + target, side="right") - 1
         nxt = np.minimum(np.maximum(fit, s + min_sent), s + budget)
     if fmt != "full-sentences":
         nxt = np.minimum(nxt, doc_end)

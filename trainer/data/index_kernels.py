@@ -102,7 +102,9 @@ def walk(lengths, docs, first, s, d, stop, mode, budget, min_sent, min_tail, kee
             limit = n if mode == FULL_SENTENCES else de
             while e < limit and e - s < budget:
                 c, dd = cost1(lengths, docs, dd, e, mode)
-                if acc + c > t:
+                # a document's last sentence may end the chunk without its [SEP]: the row's final [SEP] closes it
+                last = c - 1 if mode == FULL_SENTENCES and docs[dd + 1] - 1 == e else c
+                if acc + last > t:
                     break
                 acc += c
                 e += 1

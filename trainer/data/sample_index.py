@@ -13,7 +13,8 @@ The layout rules, sentence by sentence (``cost`` = its tokens, plus 1 for the la
 
 - ``target(s)``: ``budget`` tokens, or with probability ``short_seq_prob`` uniform in ``[2, budget]`` (BERT); a
   pure function of ``(data.index_seed, s)`` (a splitmix64 hash), so any block of sentences gets its targets alone.
-- ``next(s)``: the largest ``e`` with ``cost(s..e) <= target(s)``, at least ``s + 2`` for segment/SOP pairs and
+- ``next(s)``: the largest ``e`` with ``cost(s..e) <= target(s)`` (in full-sentences not counting the [SEP] of a
+  document end that ends the chunk: the row's final [SEP] closes it), at least ``s + 2`` for segment/SOP pairs and
   ``s + 1`` otherwise, at most ``s + budget`` sentences; ``s + 2`` for sentence-pair. Formats other than
   full-sentences stop at the document end, and a 1-sentence remainder of a document (2 for pairs) joins the chunk.
   No chunk crosses a shard boundary (a shard holds ~1M sentences, so that is a loss of one sample in ~10^5).
@@ -229,6 +230,20 @@ def _write_description(path: Path, settings: dict) -> None:
     os.replace(tmp, path.with_name(path.name + ".json"))
 
 
+BUILD_MEMORY = 2 << 30  # bytes the shards in flight may hold together (see ``threads_for``)
+SHARD_BYTES_PER_SENTENCE = 56  # a shard in flight: 32 B/sentence of walk buffers (out, rows) + 24 B/chunk kept
+
+
+def threads_for(workers: int, largest: int, tasks: int, budget: int | None = None) -> int:
+    """Threads for ``workers`` requested: at most ``2 * threads`` shards are in flight, each holding up to
+    ``SHARD_BYTES_PER_SENTENCE`` bytes per sentence of the ``largest`` shard, so the threads are capped to keep that
+    under ``budget`` (1M-sentence shards at 2 GiB: 19 threads, however many CPUs ``--workers`` names; 224 threads
+    would hold ~25 GB). At least one (a single shard larger than the budget is still built, alone)."""
+    budget = BUILD_MEMORY if budget is None else budget
+    per_shard = SHARD_BYTES_PER_SENTENCE * max(int(largest), 1)
+    return max(1, min(int(workers), int(tasks), budget // (2 * per_shard)))
+
+
 def _run(tasks: list, workers: int, largest: int):
     """Shard results in shard order: inline with one worker, else from ``workers`` threads. Threads, not processes:
     the compiled walk releases the GIL (index_kernels.py, ``nogil``), and a thread needs no start-up, where a
@@ -236,7 +251,8 @@ def _run(tasks: list, workers: int, largest: int):
     sample: measured at 200M sentences, 2 spawned workers took more CPU and more wall time than one). At most
     ``2 * workers`` shards are in flight, so memory stays bounded when the writer falls behind. ``largest``: the
     most sentences in a shard."""
-    if workers <= 1 or len(tasks) <= 1:
+    workers = threads_for(workers, largest, len(tasks))
+    if workers <= 1:
         yield from map(_shard_chunks, tasks)
         return
     from collections import deque  # noqa: PLC0415
@@ -246,7 +262,7 @@ def _run(tasks: list, workers: int, largest: int):
 
     if largest >= index_kernels.COMPILE_FROM:
         index_kernels.kernels(0, compiled=True)  # load the compiled code once, before the threads
-    with ThreadPoolExecutor(min(workers, len(tasks)), thread_name_prefix="index") as pool:
+    with ThreadPoolExecutor(workers, thread_name_prefix="index") as pool:
         pending, todo = deque(), iter(tasks)
         for task in todo:
             pending.append(pool.submit(_shard_chunks, task))
@@ -288,7 +304,8 @@ def _shard_chunks(task) -> tuple[np.ndarray, np.ndarray]:
     mode = {"full-sentences": K.FULL_SENTENCES, "sentence-pair": K.SENTENCE_PAIR}.get(layout.fmt, K.WITHIN_DOCUMENT)
     keep_min = 2 if layout.fmt in ("segment-pair", "sop-pair", "sentence-pair") else 1  # a pair needs 2 sentences
     seed_mix = np.uint64(mix64(layout.index_seed & M64))
-    out, rows = np.empty((max(1, block), 3), np.int64), np.empty(max(1, block), np.int64)
+    # (a shard has at most n chunks: buffers of one block or the shard, whichever is smaller)
+    out, rows = np.empty((max(1, min(block, n)), 3), np.int64), np.empty(max(1, min(block, n)), np.int64)
     parts, sizes = [], []
     s, d = 0, 0
     while s < n:
