@@ -1,6 +1,8 @@
-"""ERNIE 1.0 (MLM and DLM) and ERNIE 2.0 batches reach the encoder with the host-built packing (issue 23, "no compute on padding"), and the packed
-path's hidden states equal plain per-sample attention: each sample run alone through the same weights with
-torch.nn.functional.scaled_dot_product_attention and no mask (written out here, not another product path)."""
+"""ERNIE 1.0 (MLM and DLM) and ERNIE 2.0 batches reach the encoder with the host-built packing (issue 23, "no compute
+on padding"), and the packed path's hidden states equal plain per-sample attention: each sample run alone through the
+same weights with torch.nn.functional.scaled_dot_product_attention and no mask (written out here, not another product
+path). On the CPU the varlen path is kernels.varlen_attention's padded fallback; flash / nested varlen on a GPU are
+compared with per-sample SDPA in tests/test_gpu.py."""
 import pytest
 import torch
 import torch.nn.functional as F
