@@ -155,3 +155,11 @@ def test_tiny_bert_trains_end_to_end_with_eval(corpus, tmp_path):
     tags = set(events.Tags()["scalars"])
     assert {"train/loss", "train/lr", "train/tokens_per_s", "train/mfu", "train/grad_norm", "eval/loss"} <= tags, tags
     assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 11))
+
+
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+def test_gpu_recipes_run_the_layers_on_real_tokens_only(recipe):
+    """Issue 23: every GPU recipe sets model.unpad (the dense path computes 8-76 % padding per layer, bench/padding.py
+    in BENCHMARKS.md); the tiny CPU recipes keep the dense path (unpad's CPU fallback only adds copies)."""
+    cfg = load_config(recipe, ["model.vocab_size=30522", "model.pad_token_id=0"])  # 'auto' reads a corpus
+    assert cfg.model.unpad is not recipe.startswith("tiny"), f"{recipe}: model.unpad = {cfg.model.unpad}"

@@ -17,7 +17,7 @@ from trainer.ernie.components import ernie_components
 from trainer.ernie.config import ErnieOptions
 from trainer.models import MLM, HeadSpec, ModelConfig
 
-from .base import Objective, masked_positions, mlm_loss
+from .base import Objective, masked_positions, mlm_loss, packing
 
 DLM = "dlm"
 ROLE = "role"
@@ -70,9 +70,9 @@ class ErnieObjective(ErnieSamplesObjective):
         positions, labels = masked_positions(batch)
         is_dlm = "role_ids" in batch
         if is_dlm:
-            out = model(ids, batch["attention_mask"], None, {ROLE: batch["role_ids"]}, positions)
+            out = model(ids, batch["attention_mask"], None, {ROLE: batch["role_ids"]}, positions, **packing(batch))
         else:
-            out = model(ids, batch["attention_mask"], batch.get("token_type_ids"), None, positions)
+            out = model(ids, batch["attention_mask"], batch.get("token_type_ids"), None, positions, **packing(batch))
         loss, acc = mlm_loss(out[MLM], labels)
         metrics = {"mlm_loss": loss.detach(), "mlm_acc": acc}
         if is_dlm:

@@ -16,7 +16,7 @@ from trainer.ernie import tasks as T
 from trainer.ernie.config import Ernie2Options
 from trainer.models import MLM, HeadSpec, ModelConfig
 
-from .base import masked_positions, mlm_loss
+from .base import masked_positions, mlm_loss, packing
 from .ernie import ErnieSamplesObjective, classification_loss
 
 TOKEN_LABELS = {"capitalization": "capitalization_labels", "token_document": "token_document_labels"}
@@ -59,7 +59,7 @@ class Ernie2Objective(ErnieSamplesObjective):
         if has_mlm:
             positions, labels = masked_positions(batch)
         out = model(ids, batch["attention_mask"], batch.get("token_type_ids"), {"task": batch["task_ids"]},
-                    positions if has_mlm else torch.zeros(0, dtype=torch.long, device=ids.device))
+                    positions if has_mlm else torch.zeros(0, dtype=torch.long, device=ids.device), **packing(batch))
         total = None
         metrics: dict[str, torch.Tensor] = {}
 
