@@ -14,41 +14,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from data_prep.annotate import SidecarReader
-from data_prep.manifest import manifest_path
 from trainer.data.dataset import PretrainingDataset, sample_rng
 from trainer.ernie import tasks as T
 from trainer.ernie.dlm import DialogueFile, dlm_sample
 from trainer.ernie.knowledge_masking import KnowledgeMaskingConfig, knowledge_mask_rows
+from trainer.ernie.sidecars import CorpusSpans  # noqa: F401  (re-exported: its old home)
 
 IGNORE = -100
 DLM_CORPUS_KEY = 0xDD  # corpus slot of sample_rng for DLM samples (real corpora are numbered from 0)
 PAIR_CORPUS_KEY = 0xDE
-
-
-class CorpusSpans:
-    """The side-car spans of every shard of an ``IndexedCorpus``, by global sentence index."""
-
-    def __init__(self, corpus):
-        root = manifest_path(corpus.prefix).parent
-        self.readers, starts = [], [0]
-        for spec in corpus.manifest["shards"]:
-            reader = SidecarReader(root / spec["prefix"], expect_sequences=int(spec["sentences"]))
-            self.readers.append(reader)
-            starts.append(starts[-1] + len(reader))
-        self.starts = np.asarray(starts, np.int64)
-
-    def range(self, start: int, end: int) -> np.ndarray:
-        """Spans of sentences [start, end): int64 [k, 4] (global sentence, token start, token end, kind)."""
-        out = []
-        k = int(np.searchsorted(self.starts, start, side="right")) - 1
-        while start < end:
-            stop = min(end, int(self.starts[k + 1]))
-            part = self.readers[k].range(start - int(self.starts[k]), stop - int(self.starts[k])).astype(np.int64)
-            part[:, 0] += self.starts[k]
-            out.append(part)
-            start, k = stop, k + 1
-        return np.concatenate(out) if out else np.zeros((0, 4), np.int64)
 
 
 def place_chunk_spans(spans: np.ndarray, start: int, offsets: np.ndarray, offset: int, budget: int) -> np.ndarray:
