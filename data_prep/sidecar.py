@@ -138,7 +138,10 @@ class SidecarWriter:
 class SidecarReader:
     """Spans of one shard, memory-mapped. ``reader[seq]`` -> ``int32 [k, 3]`` (token_start, token_end, kind)."""
 
-    def __init__(self, shard_prefix: str | Path, expect_sequences: int | None = None):
+    def __init__(self, shard_prefix: str | Path, expect_sequences: int | None = None, verify: bool = True):
+        """``verify``: compare the header's ``lengths_sha256`` with the shard's ``.idx`` (reads and hashes every
+        sequence length of the shard); the trainer verifies once per corpus cache entry (trainer/ernie/sidecars.py)
+        and opens with ``verify=False`` afterwards, as do the copies a reader pickles into loader workers."""
         self.prefix = str(shard_prefix)
         js = self.prefix + ".spans.json"
         if not os.path.exists(js):
@@ -154,7 +157,7 @@ class SidecarReader:
             raise ValueError(f"{js} covers {self.sequences} sequences but the shard has {expect_sequences}: "
                              "the side-car belongs to another build; rebuild with --annotate")
         want = self.header.get("lengths_sha256")
-        if want is not None and os.path.exists(self.prefix + ".idx"):
+        if verify and want is not None and os.path.exists(self.prefix + ".idx"):
             got = hashlib.sha256(shard_sequence_lengths(self.prefix).astype("<i8").tobytes()).hexdigest()
             if got != want:
                 raise ValueError(f"{js} was made for other tokens than {self.prefix}.bin holds (the sequences' token "
@@ -190,7 +193,8 @@ class SidecarReader:
         return {"prefix": self.prefix, "sequences": self.sequences}  # workers map the files again
 
     def __setstate__(self, state):
-        self.__init__(state["prefix"], state["sequences"])
+        # the parent's open checked (or was told the cache entry checked) the lengths: a worker does not hash again
+        self.__init__(state["prefix"], state["sequences"], verify=False)
 
     def __len__(self) -> int:
         return self.sequences

@@ -134,8 +134,9 @@ class _Document:
     def document_of(self, i):
         return 0
 
-    def read(self, start, end):
-        return np.concatenate([np.zeros(0, np.int64)] + [np.asarray(s, np.int64) for s in self.sentences[start:end]])
+    def read(self, start, end, limit=None):
+        out = np.concatenate([np.zeros(0, np.int64)] + [np.asarray(s, np.int64) for s in self.sentences[start:end]])
+        return out[:limit]
 
 
 def test_token_document_labels_are_cased_when_capitalization_runs_in_the_same_step():

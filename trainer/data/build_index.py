@@ -50,6 +50,16 @@ def command_for(config: str, sets: list[str]) -> str:
     return " ".join(["python -m trainer.data.build_index", "--config", config] + [f"--set {s}" for s in sets])
 
 
+def _check_sidecars(corpus) -> bool:
+    """Verify an annotated corpus's ERNIE side-cars into the cache now (the ranks then read them by offset)."""
+    from trainer.ernie.sidecars import has_sidecars, verified_sidecars  # noqa: PLC0415
+
+    if not has_sidecars(corpus):
+        return False
+    verified_sidecars(corpus)
+    return True
+
+
 def main(argv=None) -> int:
     from trainer.config import ConfigError, load_config
     from trainer.data.dataset import build_indexes, cache_policy
@@ -76,6 +86,13 @@ def main(argv=None) -> int:
         for corpus, index in built:
             print(f"{split}: {corpus.prefix}: {corpus.num_sentences:,} sentences, {len(index):,} '{data.format}' "
                   f"samples -> {index.path}")
+            try:
+                checked = _check_sidecars(corpus)
+            except (OSError, ValueError, TimeoutError) as err:
+                print(f"error: {split} corpora: {err}", file=sys.stderr)
+                return 1
+            if checked:
+                print(f"{split}: {corpus.prefix}: ERNIE side-cars checked against the shards (once per cache entry)")
         print(f"{split}: ready in {time.perf_counter() - start:.1f} s ({workers} worker(s), cache {policy.dir})")
     return 0
 

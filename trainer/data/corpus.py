@@ -270,10 +270,13 @@ class IndexedCorpus:
         return limit
 
     # -- reading ---------------------------------------------------------------------------------------------------
-    def read(self, start: int, end: int) -> np.ndarray:
-        """Tokens of sentences ``[start, end)`` concatenated (int32; one slice of a shard's map per shard touched)."""
+    def read(self, start: int, end: int, limit: int | None = None) -> np.ndarray:
+        """Tokens of sentences ``[start, end)`` concatenated (int32; one slice of a shard's map per shard touched);
+        with ``limit``, only their first ``limit`` tokens are read (the slice stops there, whatever the sentences'
+        lengths: a caller that keeps a prefix of a long document or sentence copies no more than it keeps)."""
         pieces = []
-        while start < end:
+        left = None if limit is None else max(int(limit), 0)
+        while start < end and left != 0:
             k = self.shard_of(start)
             shard = self._shards[k]
             stop = min(end, int(self._shard_starts[k + 1]))
@@ -281,7 +284,11 @@ class IndexedCorpus:
             tokens = shard.tokens if shard.tokens is not None else self._map(shard)
             a, b = start - shard.first_sentence, stop - 1 - shard.first_sentence
             size = shard.dtype.itemsize
-            pieces.append(tokens[int(pointers[a]) // size:int(pointers[b]) // size + int(lengths[b])])
+            lo, hi = int(pointers[a]) // size, int(pointers[b]) // size + int(lengths[b])
+            if left is not None:
+                hi = min(hi, lo + left)
+                left -= hi - lo
+            pieces.append(tokens[lo:hi])
             start = stop
         if len(pieces) == 1:
             return pieces[0].astype(np.int32)

@@ -14,41 +14,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from data_prep.annotate import SidecarReader
-from data_prep.manifest import manifest_path
 from trainer.data.dataset import PretrainingDataset, sample_rng
 from trainer.ernie import tasks as T
 from trainer.ernie.dlm import DialogueFile, dlm_sample
 from trainer.ernie.knowledge_masking import KnowledgeMaskingConfig, knowledge_mask_rows
+from trainer.ernie.sidecars import CorpusSpans  # noqa: F401  (re-exported: its old home)
 
 IGNORE = -100
 DLM_CORPUS_KEY = 0xDD  # corpus slot of sample_rng for DLM samples (real corpora are numbered from 0)
 PAIR_CORPUS_KEY = 0xDE
-
-
-class CorpusSpans:
-    """The side-car spans of every shard of an ``IndexedCorpus``, by global sentence index."""
-
-    def __init__(self, corpus):
-        root = manifest_path(corpus.prefix).parent
-        self.readers, starts = [], [0]
-        for spec in corpus.manifest["shards"]:
-            reader = SidecarReader(root / spec["prefix"], expect_sequences=int(spec["sentences"]))
-            self.readers.append(reader)
-            starts.append(starts[-1] + len(reader))
-        self.starts = np.asarray(starts, np.int64)
-
-    def range(self, start: int, end: int) -> np.ndarray:
-        """Spans of sentences [start, end): int64 [k, 4] (global sentence, token start, token end, kind)."""
-        out = []
-        k = int(np.searchsorted(self.starts, start, side="right")) - 1
-        while start < end:
-            stop = min(end, int(self.starts[k + 1]))
-            part = self.readers[k].range(start - int(self.starts[k]), stop - int(self.starts[k])).astype(np.int64)
-            part[:, 0] += self.starts[k]
-            out.append(part)
-            start, k = stop, k + 1
-        return np.concatenate(out) if out else np.zeros((0, 4), np.int64)
 
 
 def place_chunk_spans(spans: np.ndarray, start: int, offsets: np.ndarray, offset: int, budget: int) -> np.ndarray:
@@ -130,7 +104,7 @@ class ErnieCorpusBase(PretrainingDataset):
     def chunk_ids(self, c: int, start: int, end: int, level: str) -> tuple[np.ndarray, np.ndarray]:
         """[CLS] sentences [start, end) [SEP], truncated to the sequence length, and the side-car spans of its
         phrases/entities in row positions (none at the basic level) -> (ids, spans [k, 3])."""
-        toks = self.corpora[c].read(start, end)[:self.cfg.max_seq_length - 2]
+        toks = self.corpora[c].read(start, end, limit=self.cfg.max_seq_length - 2)
         ids = np.concatenate([[self.tok.cls_id], toks, [self.tok.sep_id]]).astype(np.int64)
         spans = np.zeros((0, 3), np.int64)
         if self.spans is not None and level != "basic":
@@ -270,25 +244,26 @@ class MultiTaskDataset(ErnieCorpusBase):
     def _token_document(self, ids, cand, sources, segments=None) -> np.ndarray:
         """Token-document labels of a row whose segment k (``segments == k``; all of it without ``segments``) holds
         sentences [start, end) of corpus c, ``sources[k] = (c, start, end)``: each token against the other
-        sentences of its own segment's document. No sources (labelled pairs from a user file): no labels."""
+        sentences of its own segment's document, as its first ``tokdoc_max`` tokens: only those are read (a document
+        can hold millions of tokens). No sources (labelled pairs from a user file): no labels."""
         labels = np.full(len(ids), IGNORE, np.int64)
         for k, (c, start, end) in enumerate(sources or ()):
             corpus = self.corpora[c]
             d = int(corpus.document_of(start))
             d0, d1 = int(corpus.doc_starts[d]), int(corpus.doc_starts[d + 1])
-            rest = np.concatenate([corpus.read(d0, start), corpus.read(end, d1)])[:self.tokdoc_max]
+            before = corpus.read(d0, start, limit=self.tokdoc_max)
+            rest = np.concatenate([before, corpus.read(end, d1, limit=self.tokdoc_max - len(before))])
             part = T.token_document_labels(ids, rest, cand)
             labels = part if segments is None else np.where(segments == k, part, labels)
         return labels
 
     def _reorder_row(self, c, start, end, rng) -> tuple[np.ndarray, int]:
-        sentences = [self.corpora[c].read(k, k + 1) for k in range(start, end)]
         budget = self.cfg.max_seq_length - 1 - self.m  # [CLS] and one [SEP] per piece, at most m pieces
         kept, total = [], 0
-        for s in sentences:
+        for k in range(start, end):  # each sentence read only as far as the budget still takes tokens
             if total >= budget:
                 break
-            kept.append(s[:budget - total])
+            kept.append(self.corpora[c].read(k, k + 1, limit=budget - total))
             total += len(kept[-1])
         pieces, label = T.reorder_sample(kept, self.m, rng)
         ids = [self.tok.cls_id]
@@ -300,8 +275,11 @@ class MultiTaskDataset(ErnieCorpusBase):
     def _distance_row(self, c, start, rng):
         corpus = self.corpora[c]
         i, j, label = T.sentence_distance_pair(start, corpus.doc_starts, rng)
-        ids, types = T.pair_row(corpus.read(i, i + 1), corpus.read(j, j + 1), self.cfg.max_seq_length,
-                                self.tok.cls_id, self.tok.sep_id)
+        # pair_row keeps at most max_seq_length - 3 tokens of either side, and truncating both to that first gives
+        # the same row (its longer-side-first pops pass through that state), so no more is read
+        keep = self.cfg.max_seq_length - 3
+        ids, types = T.pair_row(corpus.read(i, i + 1, limit=keep), corpus.read(j, j + 1, limit=keep),
+                                self.cfg.max_seq_length, self.tok.cls_id, self.tok.sep_id)
         return ids, types, label, (i, j)
 
 

@@ -1,0 +1,104 @@
+"""ERNIE side-cars are checked against their shards once, when the corpus's side-car cache entry is built (issue 25
+item 1): before, every ``SidecarReader`` read and hashed all of its shard's sequence lengths, in every rank and again
+in every loader worker (~23 CPU-s and 8 GB of .idx reads per process at 2B sentences)."""
+import pickle
+
+import numpy as np
+import pytest
+
+from test_samples import write_shards
+
+
+def _docs(seed: int, n_docs: int = 12):
+    rng = np.random.default_rng(seed)
+    return [[rng.integers(5, 90, int(rng.integers(3, 9))).tolist() for _ in range(int(rng.integers(1, 5)))]
+            for _ in range(n_docs)]
+
+
+def _annotate(root, manifest_shards, docs, docs_per_shard, shift=0):
+    """One side-car per shard: a span on the first two tokens of every sequence; ``shift`` records other lengths."""
+    from data_prep.sidecar import SidecarWriter
+
+    for k, spec in enumerate(manifest_shards):
+        part = docs[k * docs_per_shard:(k + 1) * docs_per_shard]
+        w = SidecarWriter(root / spec["prefix"], spec="external")
+        for doc in part:
+            w.add_document_spans([np.array([[0, 2, k % 2]]) for _ in doc], [len(s) + shift for s in doc])
+        w.finalize()
+
+
+@pytest.fixture
+def annotated(tmp_path):
+    from data_prep.manifest import read_manifest
+
+    docs = _docs(0)
+    prefix = write_shards(docs, tmp_path / "c" / "c", vocab_size=100, docs_per_shard=4)
+    shards = read_manifest(prefix)["shards"]
+    assert len(shards) == 3
+    _annotate(prefix.parent, shards, docs, 4)
+    return prefix, shards, docs
+
+
+def _count_length_reads(monkeypatch) -> list:
+    """Calls of the function that reads a shard's whole lengths array for the side-car hash."""
+    import data_prep.sidecar as sidecar
+
+    calls, real = [], sidecar.shard_sequence_lengths
+
+    def counting(prefix):
+        calls.append(str(prefix))
+        return real(prefix)
+
+    monkeypatch.setattr(sidecar, "shard_sequence_lengths", counting)
+    return calls
+
+
+def test_side_cars_are_hashed_once_per_cache_entry_not_per_open(annotated, tmp_path, monkeypatch):
+    from trainer.data.cache_file import CachePolicy
+    from trainer.data.corpus import IndexedCorpus
+    from trainer.ernie.data import CorpusSpans
+
+    prefix, shards, _ = annotated
+    calls = _count_length_reads(monkeypatch)
+    policy = CachePolicy(tmp_path / "cache")
+    first = CorpusSpans(IndexedCorpus(prefix, policy))
+    assert len(calls) == 3  # the entry's build checks every shard's side-car
+    del calls[:]
+    again = CorpusSpans(IndexedCorpus(prefix, CachePolicy(tmp_path / "cache", builder=False, timeout=0)))
+    assert calls == []  # another rank: nothing per sentence read (main: 3, one per shard)
+    worker = pickle.loads(pickle.dumps(again))
+    assert calls == []  # a loader worker (main: 3 again)
+    n = int(first.starts[-1])
+    assert n == sum(s["sentences"] for s in shards)
+    for a, b in [(0, n), (2, 9), (n - 3, n)]:
+        assert first.range(a, b).tolist() == again.range(a, b).tolist() == worker.range(a, b).tolist()
+
+
+def test_a_side_car_for_other_tokens_is_still_refused(annotated, tmp_path, monkeypatch):
+    from trainer.data.cache_file import CachePolicy
+    from trainer.data.corpus import IndexedCorpus
+    from trainer.ernie.data import CorpusSpans
+
+    prefix, shards, docs = annotated
+    CorpusSpans(IndexedCorpus(prefix, CachePolicy(tmp_path / "cache")))  # the entry exists and is valid
+    _annotate(prefix.parent, shards, docs, 4, shift=1)  # side-cars made for other token counts
+    calls = _count_length_reads(monkeypatch)
+    with pytest.raises(ValueError, match=r"c_00000\.spans\.json was made for other tokens"):
+        CorpusSpans(IndexedCorpus(prefix, CachePolicy(tmp_path / "cache")))
+    assert calls  # their headers make another key: checked again, not taken from the old entry
+
+
+def test_build_index_prebuilds_the_side_car_check(annotated, tmp_path, monkeypatch):
+    from trainer.data.build_index import _check_sidecars
+    from trainer.data.cache_file import CachePolicy
+    from trainer.data.corpus import IndexedCorpus
+    from trainer.ernie.data import CorpusSpans
+
+    prefix, _, _ = annotated
+    assert _check_sidecars(IndexedCorpus(prefix, CachePolicy(tmp_path / "cache")))  # what build_index runs
+    calls = _count_length_reads(monkeypatch)
+    prebuilt = CachePolicy(tmp_path / "cache", builder=False, timeout=0, prebuilt_only=True)
+    assert len(CorpusSpans(IndexedCorpus(prefix, prebuilt)).starts) == 4 and calls == []
+    IndexedCorpus(prefix, CachePolicy(tmp_path / "other"))  # the corpus arrays only, not the side-car check
+    with pytest.raises(FileNotFoundError, match="side-car check"):  # data.require_prebuilt_index without it
+        CorpusSpans(IndexedCorpus(prefix, CachePolicy(tmp_path / "other", builder=False, prebuilt_only=True)))

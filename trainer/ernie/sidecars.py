@@ -1,0 +1,88 @@
+"""The side-car spans of a corpus for ERNIE's phrase/entity masking, verified once per corpus cache entry.
+
+A side-car's ``lengths_sha256`` (data_prep/sidecar.py) guards against spans left beside a shard rebuilt with other
+tokens; checking it reads and hashes every sequence length of the shard (~11 ms per 1M sentences). Done in every
+``SidecarReader``, that cost was paid per shard in every rank and again in every loader worker: ~23 CPU-s and 8 GB of
+``.idx`` reads per process at 2B sentences. Here it is paid once, by the process that builds the corpus's side-car
+cache entry (rank 0, or ``python -m trainer.data.build_index`` ahead of the job): the entry's key holds the corpus's
+cache key (its shards' checksums and counts) and every side-car's header (its ``lengths_sha256``, counts and
+annotator), so another side-car or a rebuilt shard makes another key, and it is checked again. Every other open maps
+the spans and their row pointers by offset and reads nothing per sentence.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from data_prep.manifest import manifest_path
+from data_prep.sidecar import SidecarReader
+from trainer.data.cache_file import CacheWriter, ensure, settings_hash
+
+SIDECAR_CACHE_VERSION = 1
+
+
+def sidecar_headers(corpus) -> list[dict]:
+    """Every shard's ``.spans.json`` (one small read per shard, which opening a reader costs anyway)."""
+    root = manifest_path(corpus.prefix).parent
+    out = []
+    for spec in corpus.manifest["shards"]:
+        js = root / (spec["prefix"] + ".spans.json")
+        if not js.exists():
+            raise FileNotFoundError(f"{js} not found: build the shards with `build_indexed.py --annotate SPEC` "
+                                    "(ERNIE phrase/entity masking needs them)")
+        with open(js, encoding="utf-8") as f:
+            h = json.load(f)
+        out.append({k: h.get(k) for k in ("format", "version", "annotator", "sequences", "spans", "lengths_sha256")})
+    return out
+
+
+def has_sidecars(corpus) -> bool:
+    shards = corpus.manifest["shards"]
+    return bool(shards) and (manifest_path(corpus.prefix).parent / (shards[0]["prefix"] + ".spans.json")).exists()
+
+
+def verified_sidecars(corpus) -> dict:
+    """The corpus's side-car cache entry (built, which verifies every side-car against its shard, if missing):
+    ``{"sequences": int64 [shards]}``. Raises what ``SidecarReader`` raises for a side-car that does not match."""
+    headers = sidecar_headers(corpus)
+    key = settings_hash({"version": SIDECAR_CACHE_VERSION, "corpus": corpus.cache_key(), "sidecars": headers})
+    path = Path(corpus.cache.dir) / f"sidecars-{Path(corpus.prefix).name}-{key}.bfc"
+    root = manifest_path(corpus.prefix).parent
+
+    def build(out: Path) -> None:
+        with CacheWriter(out, "sidecars", key, [("sequences", "<i8", ())]) as w:
+            for spec in corpus.manifest["shards"]:
+                reader = SidecarReader(root / spec["prefix"], expect_sequences=int(spec["sentences"]), verify=True)
+                w.append("sequences", np.array([len(reader)], np.int64))
+            w.commit({"prefix": corpus.prefix})
+
+    arrays, _ = ensure(path, "sidecars", key, build, corpus.cache, f"the side-car check of {corpus.prefix}")
+    return arrays
+
+
+class CorpusSpans:
+    """The side-car spans of every shard of an ``IndexedCorpus``, by global sentence index."""
+
+    def __init__(self, corpus):
+        root = manifest_path(corpus.prefix).parent
+        verified_sidecars(corpus)  # the lengths check, once per cache entry; the readers below skip it
+        self.readers, starts = [], [0]
+        for spec in corpus.manifest["shards"]:
+            reader = SidecarReader(root / spec["prefix"], expect_sequences=int(spec["sentences"]), verify=False)
+            self.readers.append(reader)
+            starts.append(starts[-1] + len(reader))
+        self.starts = np.asarray(starts, np.int64)
+
+    def range(self, start: int, end: int) -> np.ndarray:
+        """Spans of sentences [start, end): int64 [k, 4] (global sentence, token start, token end, kind)."""
+        out = []
+        k = int(np.searchsorted(self.starts, start, side="right")) - 1
+        while start < end:
+            stop = min(end, int(self.starts[k + 1]))
+            part = self.readers[k].range(start - int(self.starts[k]), stop - int(self.starts[k])).astype(np.int64)
+            part[:, 0] += self.starts[k]
+            out.append(part)
+            start, k = stop, k + 1
+        return np.concatenate(out) if out else np.zeros((0, 4), np.int64)
