@@ -18,6 +18,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${1:-}" = "--cpu-smoke" ] && export SMOKE=1
+# Stages after the environment line respect an overall budget (BUDGET_S, 8 minutes): past it they write a "skipped" line
+export BENCH_DEADLINE="${BENCH_DEADLINE:-$(( $(date +%s) + ${BUDGET_S:-480} ))}"
 export STEPS="${STEPS:-20}" BATCH_TOKENS="${BATCH_TOKENS:-8192}" SMOKE="${SMOKE:-0}"
 # A bare node (Python + torch + transformers + triton, no network): what else the trainer step needs is installed from
 # the wheels `make gpu-wheels` put in $WHEELS, with --no-index, into $SITE (prepended to PYTHONPATH; nothing else
@@ -206,6 +208,10 @@ for seq, padding in ((SEQS[0], 0.0), (SEQS[1], 0.0), (SEQS[1], 0.5)):
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 PY
+# The bare model step of BERT-large seq 512 bf16 on full, 10 % short and packed rows (packing metadata as the trainer
+# feeds it), one profiled step's kernel split and attention kernels, device idle time at accumulation 4.
+python bench/model_stages.py --part core --deadline "$BENCH_DEADLINE" $([ "$SMOKE" = 1 ] && echo --smoke) \
+    --jsonl "${OUT:-/tmp}/gpu_bench.jsonl" 2>&1 | grep -v "^USDT" | tee -a "${OUT:-/tmp}/gpu_bench.txt"
 # The trainer's step (DeepSpeed bf16 engine at ZeRO-1 and ZeRO-2, accumulation 1 and 4, AdamW and LAMB, + trainer.loop)
 # against the bare model step; one JSON line per configuration in $OUT/gpu_bench.jsonl.
 if python -c "import deepspeed, pydantic" >/dev/null 2>&1; then
@@ -215,3 +221,6 @@ else
     echo "trainer steps: skipped (deepspeed is not importable; pip install deepspeed to measure them)" \
         | tee -a "${OUT:-/tmp}/gpu_bench.txt"
 fi
+# If time is left: RoBERTa-large packed, ALBERT-xxlarge, ELECTRA-large (a "skipped" line each when it is not).
+python bench/model_stages.py --part others --deadline "$BENCH_DEADLINE" $([ "$SMOKE" = 1 ] && echo --smoke) \
+    --jsonl "${OUT:-/tmp}/gpu_bench.jsonl" 2>&1 | grep -v "^USDT" | tee -a "${OUT:-/tmp}/gpu_bench.txt"

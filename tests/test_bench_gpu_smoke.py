@@ -47,6 +47,50 @@ def test_gpu_bench_script_runs_end_to_end_on_cpu(tmp_path):
             rates[who] = rate
         want = rates["ours"] / rates["hf"]
         assert abs(ratio - want) <= 0.005 + want * (0.5 / rates["ours"] + 0.5 / rates["hf"]), (ratio, rates)
+    check_model_stages([json.loads(line) for line in (tmp_path / "gpu_bench.jsonl").read_text().splitlines()])
+
+
+STAGE_PRESETS = {("tiny", "full"), ("tiny", "short10"), ("tiny", "packed"), ("tiny-roberta", "packed"),
+                 ("tiny-albert", "full"), ("tiny-electra", "full")}
+
+
+def check_model_stages(records):
+    """bench/model_stages.py's lines (gpu.sh --cpu-smoke): every model-step stage is there with real-token counts and
+    rates that follow from them, the profile split sums to 1 and names the attention op that ran, idle time lies
+    inside the accumulation step's span."""
+    steps = {(r["preset"], r["mix"]): r for r in records if r["stage"] == "model_step"}
+    assert set(steps) == STAGE_PRESETS, records
+    for (preset, mix), r in steps.items():
+        rows = r["row_tokens"]
+        assert r["tokens_per_step"] == sum(map(sum, rows)) / len(rows)  # real tokens, not batch x seq
+        assert all(len(b) == r["batch"] and max(b) <= r["seq"] for b in rows)
+        assert r["tokens_per_s"] == pytest.approx(r["tokens_per_step"] / (r["ms_per_step"] / 1e3), rel=1e-9)
+        assert r["flops_per_token"] > 0 and math.isfinite(r["loss"]) and r["mfu"] is None  # no datasheet on a CPU
+        if mix == "full":
+            assert all(n == r["seq"] for b in rows for n in b) and r["samples"] == [r["batch"]] * len(rows)
+        elif mix == "short10":  # 10 % of the rows (at least one) shorter, one sample per row
+            assert all(sum(n < r["seq"] for n in b) == max(1, round(0.1 * r["batch"])) for b in rows), rows
+            assert r["samples"] == [r["batch"]] * len(rows)
+        else:  # several samples per row (the packing metadata the trainer builds), rows nearly full
+            assert all(s > r["batch"] for s in r["samples"]) and r["tokens_per_step"] > 0.9 * r["batch"] * r["seq"]
+    prof = next(r for r in records if r["stage"] == "profile")
+    assert sum(prof["fractions"].values()) == pytest.approx(1.0, abs=1e-9) and prof["fractions"]["gemm"] > 0
+    assert any("scaled_dot_product" in name for name in prof["attention_kernels"]), prof
+    idle = next(r for r in records if r["stage"] == "idle")
+    assert idle["accum"] == 4 and 0 <= idle["idle_ms"] < idle["span_ms"]
+    assert idle["busy_ms"] + idle["idle_ms"] == pytest.approx(idle["span_ms"])
+    assert not any("skipped" in r for r in records), records
+
+
+def test_model_stages_past_the_deadline_write_a_skipped_line_each(tmp_path):
+    jsonl = tmp_path / "out.jsonl"
+    proc = subprocess.run([sys.executable, "bench/model_stages.py", "--smoke", "--deadline", "0", "--jsonl",
+                           str(jsonl)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert [r["stage"] for r in records] == ["model_step"] * 3 + ["profile", "idle"] + ["model_step"] * 3
+    assert all("budget" in r["skipped"] for r in records)
+    assert {(r["preset"], r["mix"]) for r in records if r["stage"] == "model_step"} == STAGE_PRESETS
 
 
 @pytest.mark.slow

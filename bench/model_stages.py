@@ -1,0 +1,304 @@
+"""First-run GPU stages of ``bench/gpu.sh``: the bare model step on three row mixes, one profiled step, device idle
+time at accumulation 4, and the other large presets; one JSON line per stage appended to ``--jsonl`` as measured.
+
+- ``model_step``: BERT-large seq 512 bf16 (autocast, fused AdamW), rows ``full`` (every row 512 real tokens),
+  ``short10`` (10 % of rows a random shorter length, the rest full: BERT's short_seq_prob) and ``packed`` (samples of
+  random length packed into rows with ``pack_ids``). Every batch is fed as the trainer feeds it: the packing metadata
+  is built on the host (``attach_packing``) and copied to the device, so packed rows take the varlen attention path.
+  ms/step from CUDA events (perf_counter on the CPU), tokens = real (non-padding) tokens, MFU = tokens x training
+  FLOPs per token (``trainer.flops``, counted at full-row length: the attention term is an upper bound for short and
+  packed rows) / time / the datasheet bf16 peak, peak memory from ``torch.cuda.max_memory_allocated``.
+- ``profile``: one step of the full-row mix under ``torch.profiler``: device time split GEMM / attention /
+  elementwise (everything else), fractions of the total, and the attention kernel names that ran (CPU op names on
+  the CPU).
+- ``idle``: one optimizer step at accumulation 4 (4 forward/backward + AdamW) under the profiler: time inside the
+  step's span during which no device kernel ran (CPU: no op on the main thread).
+- ``others``: RoBERTa-large packed, ALBERT-xxlarge and ELECTRA-large (generator + discriminator) model steps.
+
+Each stage first checks ``--deadline`` (Unix seconds; gpu.sh sets start + 8 minutes): past it, the stage writes
+``{"stage": ..., "skipped": "time budget"}`` and does not run.
+
+    python bench/model_stages.py --jsonl out.jsonl                  # on a GPU
+    python bench/model_stages.py --smoke --jsonl out.jsonl          # CPU, tiny presets: checks the script only
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+GEMM_KEYS = ("gemm", "cutlass", "cublas", "xmma", "nvjet", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
+             "aten::_addmm_activation")
+ATTENTION_KEYS = ("flash", "fmha", "attention", "sdpa", "scaled_dot_product", "attn")
+SMOKE_PRESETS = {"bert-large": "tiny", "roberta-large": "tiny-roberta", "albert-xxlarge": "tiny-albert",
+                 "electra-large": "tiny-electra"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--part", choices=("core", "others", "all"), default="all",
+                   help="core: model_step x3, profile, idle; others: RoBERTa/ALBERT/ELECTRA")
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--batch-tokens", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=10, help="timed steps after 2 warm-up steps")
+    p.add_argument("--deadline", type=float, default=None, help="Unix time after which stages are skipped")
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny presets, seq 64: checks the script only")
+    p.add_argument("--jsonl", default=None)
+    return p
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    if any(k in low for k in ATTENTION_KEYS):
+        return "attention"
+    if any(k in low for k in GEMM_KEYS):
+        return "gemm"
+    return "elementwise"
+
+
+def make_batch(mix: str, batch: int, seq: int, vocab: int, gen: torch.Generator) -> dict:
+    """A collated CPU batch of ``mix`` rows, with ``packing`` attached on the host (what the loop does)."""
+    from trainer.models.kernels import attach_packing
+
+    lengths = [seq] * batch
+    pack_ids = None
+    if mix == "short10":
+        for r in torch.randperm(batch, generator=gen)[:max(1, round(0.1 * batch))].tolist():
+            lengths[r] = int(torch.randint(8, seq - 1, (1,), generator=gen))
+    mask = torch.zeros(batch, seq, dtype=torch.long)
+    if mix == "packed":
+        pack_ids = torch.zeros(batch, seq, dtype=torch.long)
+        for r in range(batch):
+            used, k = 0, 0
+            while seq - used >= 8:
+                n = min(int(torch.randint(8, seq // 2 + 1, (1,), generator=gen)), seq - used)
+                k += 1
+                pack_ids[r, used:used + n] = k
+                used += n
+            lengths[r] = used
+    for r, n in enumerate(lengths):
+        mask[r, :n] = 1
+    ids = torch.randint(5, vocab, (batch, seq), generator=gen) * mask
+    preds = max(1, round(0.15 * seq))
+    pos = torch.stack([torch.randperm(n - 1, generator=gen)[:preds] + 1 if n - 1 >= preds else
+                       torch.arange(1, preds + 1) % n for n in lengths])
+    flat = (pos + torch.arange(batch)[:, None] * seq).flatten()
+    out = {"input_ids": ids, "attention_mask": mask, "mlm_positions": flat,
+           "mlm_labels": torch.randint(5, vocab, flat.shape, generator=gen),
+           "seq_labels": torch.randint(0, 2, (batch,), generator=gen), "row_tokens": lengths}
+    if pack_ids is not None:
+        out["pack_ids"] = pack_ids
+    return attach_packing(out)
+
+
+def build_model(preset: str, dev):
+    from trainer.models.electra import ElectraPretrainingModel
+    from trainer.models.presets import PRESET_ROWS
+
+    row = PRESET_ROWS[preset]
+    torch.manual_seed(0)
+    if "electra" in preset:
+        return ElectraPretrainingModel(row.config).to(dev).train()
+    from trainer.models.heads import PretrainingModel
+    return PretrainingModel(row.config, row.heads).to(dev).train()
+
+
+def loss_of(model, b) -> torch.Tensor:
+    from trainer.models.electra import ElectraPretrainingModel
+
+    kw = {"pack_ids": b.get("pack_ids"), "packing": b["packing"]}
+    if isinstance(model, ElectraPretrainingModel):
+        g = model(b["input_ids"], b["attention_mask"], positions=b["mlm_positions"], part="generator", **kw)
+        d = model(b["input_ids"], b["attention_mask"], part="discriminator", **kw).float()
+        return F.cross_entropy(g.float(), b["mlm_labels"]) + F.binary_cross_entropy_with_logits(
+            d, torch.zeros_like(d))
+    out = model(b["input_ids"], b["attention_mask"], mlm_positions=b["mlm_positions"], **kw)
+    loss = F.cross_entropy(out["mlm"].float(), b["mlm_labels"])
+    for name, value in out.items():
+        if name not in ("mlm", "hidden"):
+            loss = loss + F.cross_entropy(value.float(), b["seq_labels"])
+    return loss
+
+
+class Stages:
+    def __init__(self, args):
+        from trainer.metrics import table_peak_flops
+
+        self.args = args
+        self.dev = torch.device("cpu" if args.smoke else "cuda")
+        self.seq = 64 if args.smoke else args.seq
+        self.batch = max(1, (256 if args.smoke else args.batch_tokens) // self.seq)
+        self.steps = 2 if args.smoke else args.steps
+        name = torch.cuda.get_device_name() if self.dev.type == "cuda" else "cpu"
+        self.peak = table_peak_flops(name, torch.bfloat16) if self.dev.type == "cuda" else None
+        self.gen = torch.Generator().manual_seed(0)
+
+    def emit(self, record: dict) -> None:
+        print(json.dumps(record), flush=True)
+        if self.args.jsonl:
+            with open(self.args.jsonl, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def out_of_time(self, stage: str, **what) -> bool:
+        if self.args.deadline is not None and time.time() >= self.args.deadline:
+            self.emit({"stage": stage, **what, "skipped": "time budget (--deadline) spent"})
+            return True
+        return False
+
+    def preset(self, name):
+        return SMOKE_PRESETS[name] if self.args.smoke else name
+
+    def batches(self, model, mix, n=2):
+        vocab = (model.cfg if hasattr(model, "cfg") else model.discriminator.cfg).vocab_size
+        cpu = [make_batch(mix, self.batch, self.seq, vocab, self.gen) for _ in range(n)]
+        return [{k: (v.to(self.dev, non_blocking=True) if hasattr(v, "to") else v) for k, v in b.items()}
+                for b in cpu]
+
+    def train_step(self, model, opt, batches):
+        for b in batches:
+            with torch.autocast(self.dev.type, torch.bfloat16):
+                loss = loss_of(model, b) / len(batches)
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    def sync(self):
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    def model_step(self, preset_name: str, mix: str) -> None:
+        from trainer.flops import train_flops_per_token
+
+        preset = self.preset(preset_name)
+        if self.out_of_time("model_step", preset=preset, mix=mix):
+            return
+        model = build_model(preset, self.dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=self.dev.type == "cuda")
+        batches = self.batches(model, mix)
+        if self.dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        for _ in range(2):
+            self.train_step(model, opt, batches[:1])
+        self.sync()
+        if self.dev.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        for i in range(self.steps):
+            loss = self.train_step(model, opt, batches[i % 2:i % 2 + 1])
+        if self.dev.type == "cuda":
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end) / self.steps
+        else:
+            ms = (time.perf_counter() - t0) * 1e3 / self.steps
+        rows = [b["row_tokens"] for b in batches]
+        samples = [int(b["packing"].cu_seqlens.numel() - 1) for b in batches]
+        tokens = sum(sum(r) for r in rows) / len(rows)  # real tokens per step (mean over the alternated batches)
+        per_token = train_flops_per_token(model, self.seq, max(1, round(0.15 * self.seq)))
+        rate = tokens / (ms / 1e3)
+        self.emit({"stage": "model_step", "preset": preset, "mix": mix, "seq": self.seq, "batch": self.batch,
+                   "dtype": "bf16", "device": self.dev.type, "ms_per_step": ms, "tokens_per_step": tokens,
+                   "row_tokens": rows, "samples": samples, "tokens_per_s": rate, "flops_per_token": per_token,
+                   "mfu": rate * per_token / self.peak if self.peak else None,
+                   "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if self.dev.type == "cuda" else None,
+                   "loss": float(loss.detach())})
+        del model, opt
+        if self.dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _profiled(self, accum: int):
+        from torch.profiler import ProfilerActivity, profile
+
+        model = build_model(self.preset("bert-large"), self.dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=self.dev.type == "cuda")
+        batches = self.batches(model, "full", n=accum)
+        self.train_step(model, opt, batches)  # warm-up (kernel choice, allocator)
+        self.sync()
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.dev.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            self.train_step(model, opt, batches)
+            self.sync()
+        del model, opt
+        return prof
+
+    def device_events(self, prof):
+        """(name, start_us, end_us, self_us) of device kernels (GPU) or of CPU ops on the main thread (CPU)."""
+        from torch.autograd import DeviceType
+
+        events = prof.events()
+        if self.dev.type == "cuda":
+            ks = [e for e in events if e.device_type == DeviceType.CUDA]
+            return [(e.name, e.time_range.start, e.time_range.end, e.time_range.elapsed_us()) for e in ks]
+        main = max({e.thread for e in events}, key=lambda t: sum(e.thread == t for e in events))
+        return [(e.name, e.time_range.start, e.time_range.end, e.self_cpu_time_total) for e in events
+                if e.thread == main and e.device_type == DeviceType.CPU]
+
+    def profile(self) -> None:
+        if self.out_of_time("profile"):
+            return
+        events = self.device_events(self._profiled(accum=1))
+        split = {"gemm": 0.0, "attention": 0.0, "elementwise": 0.0}
+        attention = {}
+        for name, _, _, us in events:
+            cls = kernel_class(name)
+            split[cls] += us
+            if cls == "attention":
+                attention[name] = attention.get(name, 0.0) + us
+        total = sum(split.values())
+        self.emit({"stage": "profile", "preset": self.preset("bert-large"), "mix": "full", "device": self.dev.type,
+                   "kind": "kernels" if self.dev.type == "cuda" else "cpu ops (self time)",
+                   "total_ms": total / 1e3, "fractions": {k: v / total for k, v in split.items()},
+                   "attention_kernels": sorted(attention, key=attention.get, reverse=True)})
+
+    def idle(self) -> None:
+        if self.out_of_time("idle", accum=4):
+            return
+        spans = sorted((s, e) for _, s, e, _ in self.device_events(self._profiled(accum=4)))
+        busy, cur_s, cur_e = 0.0, None, None
+        for s, e in spans:
+            if cur_e is None or s > cur_e:
+                busy += 0.0 if cur_e is None else cur_e - cur_s
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        busy += cur_e - cur_s
+        span = max(e for _, e in spans) - spans[0][0]
+        self.emit({"stage": "idle", "preset": self.preset("bert-large"), "accum": 4, "device": self.dev.type,
+                   "span_ms": span / 1e3, "busy_ms": busy / 1e3, "idle_ms": (span - busy) / 1e3,
+                   "idle_fraction": (span - busy) / span})
+
+    def run(self):
+        if self.args.part in ("core", "all"):
+            for mix in ("full", "short10", "packed"):
+                self.model_step("bert-large", mix)
+            self.profile()
+            self.idle()
+        if self.args.part in ("others", "all"):
+            self.model_step("roberta-large", "packed")
+            self.model_step("albert-xxlarge", "full")
+            self.model_step("electra-large", "full")
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("bench/model_stages.py needs a CUDA GPU; --smoke runs it on the CPU")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    Stages(args).run()
+
+
+if __name__ == "__main__":
+    main()
