@@ -243,4 +243,31 @@ def up_to_date(prefix: str, identity: dict, tokenizer) -> bool:
     return True
 
 
-# ---------------------------------------------------------------------------------------------------- running
+# ---------------------------------------------------------------------------------------------------- rebuilding
+
+
+def rebuild_command(prefix: str | os.PathLike, manifest: dict) -> str:
+    """The ``build_indexed`` command line that writes this corpus again (its inputs, tokenizer and recorded
+    settings; rerunning it rebuilds what no longer matches the manifest). A manifest that records no inputs
+    (hand-made corpora) gets a placeholder."""
+    st = manifest.get("settings") or {}
+    inputs = " ".join(i["path"] for i in manifest.get("inputs") or []) or "INPUTS"
+    tokenizer = (manifest.get("tokenizer") or {}).get("path") or "TOKENIZER_DIR"
+    out = str(prefix)[: -len(mf.SUFFIX)] if str(prefix).endswith(mf.SUFFIX) else str(prefix)
+    parts = ["python -m data_prep.build_indexed", f"--input {inputs}", f"--tokenizer {tokenizer}",
+             f"--output-prefix {out}"]
+    mb = 1 << 20
+    if st.get("split_sentences"):
+        parts.append("--split-sentences")
+    if st.get("json_key", "text") != "text":
+        parts.append(f"--json-key {st['json_key']}")
+    total_in = sum(i.get("bytes", 0) for i in manifest.get("inputs") or [])
+    flags = [("chunk_bytes", "--chunk-size-mb", auto_chunk_bytes(total_in)), ("shard_bytes", "--shard-size-mb", 512 * mb),
+             ("max_line_bytes", "--max-line-mb", sources.MAX_LINE_BYTES),
+             ("max_document_bytes", "--max-document-mb", sources.MAX_DOCUMENT_BYTES)]
+    for key, flag, default in flags:
+        if key in st and st[key] != default:
+            parts.append(f"{flag} {st[key] / mb:g}")
+    if "shard_sequences" in st and st["shard_sequences"] != 1_000_000:
+        parts.append(f"--shard-sequences {st['shard_sequences']}")
+    return " ".join(parts)

@@ -127,7 +127,7 @@ def test_resume_refuses(clean, tmp_path, name):
 @pytest.mark.parametrize("name", FILES[1:])
 def test_universal_conversion_refuses(clean, tmp_path, name):
     """What a resume on another world size runs first (rank 0): DeepSpeed's converter, which loads with
-    weights_only=False itself, runs under trainer.safe_load."""
+    weights_only=False itself, runs under trainer.safe_run."""
     from trainer.engine import convert_to_universal
 
     ckpt, marker = poisoned(clean, name, tmp_path)

@@ -370,8 +370,8 @@ def convert_to_universal(tag_dir: Path, out_dir: Path) -> None:
     Runs DeepSpeed's own converter as a subprocess; ``--inject_missing_state`` is required for checkpoints written
     by an engine with a client optimizer (without it the converter fails, see PLATFORM.md).
     """
-    # through trainer.safe_load: the converter's own torch.load calls pass weights_only=False
-    cmd = [sys.executable, "-m", "trainer.safe_load", "deepspeed.checkpoint.ds_to_universal",
+    # through trainer.safe_run: the converter's own torch.load calls pass weights_only=False
+    cmd = [sys.executable, "-m", "trainer.safe_run", "deepspeed.checkpoint.ds_to_universal",
            "--input_folder", str(tag_dir), "--output_folder", str(out_dir), "--inject_missing_state",
            "--num_extract_workers", "1", "--num_merge_workers", "1"]
     here = str(Path(__file__).resolve().parents[1])  # this checkout's trainer package, also when not installed

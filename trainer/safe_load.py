@@ -12,8 +12,8 @@ it:
   every ``torch.load`` call, overrides that argument (torch/serialization.py), and ``torch.serialization.safe_globals``
   allows the few DeepSpeed classes its checkpoints hold (``trainer.engine.checkpoint_globals``, found by saving at
   ZeRO 0-3: tests/test_untrusted_checkpoints.py checks the list against real saves);
-- ``python -m trainer.safe_load MODULE ARGS...`` runs a DeepSpeed tool (the universal converter) the same way in a
-  child process.
+- ``python -m trainer.safe_run MODULE ARGS...`` (``trainer/safe_run.py``) runs a DeepSpeed tool (the universal
+  converter) the same way in a child process.
 
 A refused load raises ``UntrustedCheckpointError`` naming the file and what it would have called. The scan that
 names it (``refused_files``) reads only each file's pickle opcodes (``get_unsafe_globals_in_checkpoint``), and only
@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import runpy
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -172,28 +170,3 @@ def weights_only_loads(folders: Iterable[Path], allowed: Iterable = ()) -> Itera
             os.environ.pop(FORCE, None)
         else:
             os.environ[FORCE] = before
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m trainer.safe_load MODULE ARGS...``: run ``python -m MODULE ARGS...`` with every ``torch.load``
-    weights-only and DeepSpeed's checkpoint classes allowed (for DeepSpeed's own tools, e.g. the universal
-    converter, which load with ``weights_only=False``). A refusal exits 1 with the torch message."""
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        print("usage: python -m trainer.safe_load MODULE [ARGS...]", file=sys.stderr)
-        return 2
-    from trainer.engine import checkpoint_globals  # deepspeed: the module that imports it
-
-    os.environ[FORCE] = "1"
-    torch.serialization.add_safe_globals(checkpoint_globals())
-    sys.argv = [argv[0], *argv[1:]]
-    try:
-        runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
-    except pickle.UnpicklingError as err:
-        print(f"refused by the weights-only unpickler: {err}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -99,7 +99,8 @@ def check_shard(shard_prefix: str, spec: dict, prefix: str, manifest: dict) -> I
 
     Without it, a ``.bin`` cut short by an interrupted copy is read as empty samples (numpy clamps a slice past the
     end of a map) and the run trains on ``[CLS] [SEP]`` rows."""
-    from data_prep.manifest import idx_bytes, manifest_path, rebuild_command  # noqa: PLC0415
+    from data_prep.manifest import idx_bytes, manifest_path  # noqa: PLC0415
+    from data_prep.prep_work import rebuild_command  # noqa: PLC0415
 
     def refuse(problem: str) -> ShardMismatch:
         return ShardMismatch(
