@@ -5,9 +5,9 @@ time at accumulation 4, and the other large presets; one JSON line per stage app
   ``short10`` (10 % of rows a random shorter length, the rest full: BERT's short_seq_prob) and ``packed`` (samples of
   random length packed into rows with ``pack_ids``). Every batch is fed as the trainer feeds it: the packing metadata
   is built on the host (``attach_packing``) and copied to the device, so packed rows take the varlen attention path.
-  ms/step from CUDA events (perf_counter on the CPU), tokens = real (non-padding) tokens, MFU = tokens x training
-  FLOPs per token (``trainer.flops``, counted at full-row length: the attention term is an upper bound for short and
-  packed rows) / time / the datasheet bf16 peak, peak memory from ``torch.cuda.max_memory_allocated``.
+  ms/step from CUDA events (perf_counter on the CPU), tokens = real (non-padding) tokens, MFU = the step's training
+  FLOPs counted for the sequences as they run (``step_flops``: attention on each packed sample's own length, from
+  ``trainer.flops``) / time / the datasheet bf16 peak, peak memory from ``torch.cuda.max_memory_allocated``.
 - ``profile``: one step of the full-row mix under ``torch.profiler``: device time split GEMM / attention /
   elementwise (everything else), fractions of the total, and the attention kernel names that ran (CPU op names on
   the CPU).
@@ -114,6 +114,30 @@ def build_model(preset: str, dev):
     return PretrainingModel(row.config, row.heads).to(dev).train()
 
 
+def step_flops(model, batches, seq: int, preds: int) -> float:
+    """Training FLOPs of one step on each batch (mean over ``batches``), counted for the sequences as they run: the
+    matmul FLOPs of one forward on ``n`` tokens with ``preds`` predictions is A n + B n^2 + K (B: attention scores
+    and context, K: heads on a fixed number of positions), fitted from ``trainer.flops.forward_flops`` at three
+    lengths for each ``PretrainingModel`` inside ``model``; a row of packed samples costs the sum of its samples'
+    A n + B n^2 plus one K. Training = 3 x forward. On full rows this equals ``train_flops_per_token`` x tokens."""
+    from trainer.flops import _pretraining_models, forward_flops
+
+    total = 0.0
+    for part in _pretraining_models(model):
+        lengths = (seq, seq // 2, seq // 4)
+        f = [forward_flops(part, n, preds) for n in lengths]
+        # f(n) = A n + B n^2 + K: differences remove K; the second difference gives B
+        (n1, n2, n3), (f1, f2, f3) = lengths, f
+        b_coef = ((f1 - f2) / (n1 - n2) - (f2 - f3) / (n2 - n3)) / (n1 - n3)
+        a_coef = (f1 - f2) / (n1 - n2) - b_coef * (n1 + n2)
+        k_coef = f1 - a_coef * n1 - b_coef * n1 * n1
+        for b in batches:
+            lens = (b["packing"].cu_seqlens[1:] - b["packing"].cu_seqlens[:-1]).double().cpu()
+            total += 3 * (a_coef * lens.sum().item() + b_coef * (lens * lens).sum().item()
+                          + k_coef * len(b["row_tokens"])) / len(batches)
+    return total
+
+
 def loss_of(model, b) -> torch.Tensor:
     from trainer.models.electra import ElectraPretrainingModel
 
@@ -207,12 +231,14 @@ class Stages:
         rows = [b["row_tokens"] for b in batches]
         samples = [int(b["packing"].cu_seqlens.numel() - 1) for b in batches]
         tokens = sum(sum(r) for r in rows) / len(rows)  # real tokens per step (mean over the alternated batches)
-        per_token = train_flops_per_token(model, self.seq, max(1, round(0.15 * self.seq)))
+        preds = max(1, round(0.15 * self.seq))
+        per_token = train_flops_per_token(model, self.seq, preds)
+        flops = step_flops(model, batches, self.seq, preds)
         rate = tokens / (ms / 1e3)
         self.emit({"stage": "model_step", "preset": preset, "mix": mix, "seq": self.seq, "batch": self.batch,
                    "dtype": "bf16", "device": self.dev.type, "ms_per_step": ms, "tokens_per_step": tokens,
-                   "row_tokens": rows, "samples": samples, "tokens_per_s": rate, "flops_per_token": per_token,
-                   "mfu": rate * per_token / self.peak if self.peak else None,
+                   "row_tokens": rows, "samples": samples, "tokens_per_s": rate, "full_row_flops_per_token": per_token,
+                   "flops_per_step": flops, "mfu": flops / (ms / 1e3) / self.peak if self.peak else None,
                    "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if self.dev.type == "cuda" else None,
                    "loss": float(loss.detach())})
         del model, opt
