@@ -341,7 +341,8 @@ def test_the_evaluation_dataset_is_built_once_per_run(en_prepared, en_tokenizer,
     monkeypatch.setattr(D.PretrainingDataset, "__init__", counting)
     comps = build_components(cfg, 0, 1, "cpu")
     evaluations = [[b["input_ids"] for b in comps.eval_batches()] for _ in range(3)]
-    assert splits.count("valid") == 1 and len(evaluations[0]) == 2
+    # train.eval_batches x global_batch_size samples: 2 x 16 in micro-batches of 4 at one rank
+    assert splits.count("valid") == 1 and len(evaluations[0]) == 2 * 16 // 4
     assert all(torch.equal(a, b) for a, b in zip(evaluations[0], evaluations[2]))  # the same held-out batches
 
 

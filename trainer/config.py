@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trainer.data.config import DataConfig
 from trainer.ds_json import ds_config_path, grad_accum_problem, offload_problem, precision, read_ds_json
@@ -52,7 +52,9 @@ class TrainConfig(_Section):
     eval_every: int = Field(default=0, ge=0)
     """Evaluate on the held-out split every N steps (0 = never)."""
     eval_batches: int = Field(default=4, gt=0)
-    """Micro-batches per rank in one evaluation."""
+    """Size of one evaluation in steps' worth of samples: eval_batches x global_batch_size held-out samples, a fixed
+    shuffled set split over the ranks like a training step (eval_batches x accumulation micro-batches per rank), so
+    the same samples at any world size. ERNIE objectives: eval_batches micro-batches per rank."""
     max_nonfinite_in_a_row: int = Field(default=5, gt=0)
     """Stop the run after this many consecutive steps whose loss or gradient was NaN/Inf (each one is skipped)."""
     stop_at_step: int | None = Field(default=None, gt=0)
@@ -122,6 +124,14 @@ class RunConfig(_Section):
     data: DataConfig
     model: ModelConfig
     objective: ObjectiveConfig
+
+    @model_validator(mode="after")
+    def _held_out_split_supported(self):
+        if self.data.valid_split > 0 and self.objective.name.startswith("ernie"):
+            raise ValueError(f"data.valid_split={self.data.valid_split}: the held-out split is not supported by the "
+                             f"'{self.objective.name}' objective yet (its tasks read neighbouring documents); set "
+                             "data.valid_split: 0 and evaluate on data.valid_corpora")
+        return self
 
 
 # --- YAML, recipes and --set overrides ---------------------------------------------------------------------------

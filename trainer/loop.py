@@ -171,7 +171,7 @@ class Trainer:
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
         for i, batch in enumerate(self.comps.eval_batches()):
-            if i >= self.cfg.train.eval_batches:
+            if i >= self.cfg.train.eval_batches * self.grad_accum:  # eval_batches steps' worth (pretrain.py)
                 break
             loss, metrics = self.engine(self.comps.loss, _to_device(batch, self.engine.device))
             for k, v in {"loss": loss, **metrics}.items():

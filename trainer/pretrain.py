@@ -94,17 +94,21 @@ def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) ->
     valid = []  # the evaluation dataset, built at the first evaluation and kept for the run
 
     def eval_batches():
-        per_eval = cfg.train.eval_batches * cfg.train.micro_batch_size * world_size
+        # A fixed set: positions [0, eval_batches x G) of the held-out data's shuffled order, split over the ranks as
+        # a training step is (eval_batches x accumulation micro-batches each), so the same samples at any world size
+        G = cfg.train.global_batch_size
+        per_eval = cfg.train.eval_batches * G
         if not valid:
             valid.append(PretrainingDataset(cfg.data, tokenizer, cfg.seed, split="valid"))
         collator = Collator(tokenizer.pad_id, cfg.data.max_seq_length, cfg.data.masking.max_predictions_per_seq,
                             cfg.data.pad_to)
-        return build_dataloader(valid[0], collator, 0, per_eval, cfg.train.micro_batch_size, rank, world_size,
+        return build_dataloader(valid[0], collator, 0, G, cfg.train.micro_batch_size, rank, world_size,
                                 per_eval, cfg.data.num_workers, cfg.data.prefetch_factor)
 
     flops = train_flops_per_token(model, cfg.data.max_seq_length, cfg.data.masking.max_predictions_per_seq)
+    evaluates = bool(cfg.data.valid_corpora) or cfg.data.valid_split > 0
     return Components(model=model, loss=objective.loss, train_batches=train_batches,
-                      eval_batches=eval_batches if cfg.data.valid_corpora else None, flops_per_token=flops)
+                      eval_batches=eval_batches if evaluates else None, flops_per_token=flops)
 
 
 def run(args, cfg: RunConfig) -> int:

@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     policy = cache_policy(data, builder=True, workers=workers, hint=command_for(args.config, args.set))
     policy.dir.mkdir(parents=True, exist_ok=True)
     for split in ("train", "valid"):
-        if split == "valid" and not data.valid_corpora:
+        if split == "valid" and not data.valid_corpora and not data.valid_split > 0:
             continue
         start = time.perf_counter()
         try:

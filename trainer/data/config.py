@@ -55,6 +55,11 @@ class DataConfig(BaseModel):
     corpora: list[CorpusSpec] = Field(min_length=1)
     valid_corpora: list[CorpusSpec] = Field(default_factory=list)
     """held-out corpora for evaluation (same format and masking)"""
+    valid_split: float = 0.0
+    """share of the documents of ``corpora`` held out for evaluation, in [0, 0.5) (Megatron's ``split``; e.g. 0.005):
+    whole documents chosen by a keyed hash of (shard name, document number), the same at any world size and across
+    resumes (trainer/data/heldout.py); training never reads them and evaluation reads them instead of
+    ``valid_corpora``. 0: no split, every document trains"""
     format: Literal["segment-pair", "sentence-pair", "full-sentences", "doc-sentences", "sop-pair"] = "segment-pair"
     max_seq_length: int = Field(128, ge=8)
     short_seq_prob: float = Field(0.1, ge=0.0, le=1.0)
@@ -90,3 +95,13 @@ class DataConfig(BaseModel):
     (`python -m trainer.data.build_index --config RECIPE`, which the Slurm templates run before launching)"""
     blend_period: int = Field(1_000_000, ge=1)
     """blending pattern length: weights are met exactly within each period of this many samples"""
+
+    @model_validator(mode="after")
+    def _one_held_out_source(self):
+        if not 0.0 <= self.valid_split < 0.5:
+            raise ValueError(f"data.valid_split={self.valid_split}: the share of documents held out for evaluation "
+                             "must be at least 0 and below 0.5 (e.g. 0.005); 0 turns the split off")
+        if self.valid_split > 0 and self.valid_corpora:
+            raise ValueError(f"data.valid_split={self.valid_split} and data.valid_corpora both name an evaluation "
+                             "set; set one of them (valid_split: 0, or valid_corpora: [])")
+        return self

@@ -18,6 +18,7 @@ from .cache_file import CachePolicy, launcher_rank
 from .config import DataConfig
 from .corpus import IndexedCorpus
 from .formats import SampleBuilder
+from .heldout import DocumentSplit
 from .masking import Masker
 from .order import Blend, EpochOrder
 from .sample_index import load_or_build
@@ -35,14 +36,24 @@ def cache_policy(cfg: DataConfig, builder: bool | None = None, workers: int | No
                        workers=workers or cfg.index_workers or min(16, os.cpu_count() or 1), hint=hint)
 
 
+def split_specs(cfg: DataConfig, split: str) -> tuple[list, str]:
+    """(corpus specs, index role) of a split: training reads ``corpora`` (without the held-out documents when
+    ``valid_split`` > 0); evaluation reads the held-out documents of ``corpora`` (``valid_split`` > 0) or
+    ``valid_corpora``."""
+    if split == "train":
+        return cfg.corpora, "train"
+    return (cfg.corpora, "heldout") if cfg.valid_split > 0 else (cfg.valid_corpora, "train")
+
+
 def build_indexes(cfg: DataConfig, split: str, cache: CachePolicy) -> list[tuple[IndexedCorpus, object]]:
     """(corpus, sample index) of every corpus of a split, each opened or built under ``cache``."""
-    specs = cfg.corpora if split == "train" else cfg.valid_corpora
+    specs, role = split_specs(cfg, split)
     out = []
     for spec in specs:
         corpus = IndexedCorpus(spec.prefix, cache)
         out.append((corpus, load_or_build(corpus, cfg.format, cfg.max_seq_length, cfg.short_seq_prob,
-                                          cfg.index_seed, cfg.pack_doc_sentences, cache, cfg.nsp_negative_prob)))
+                                          cfg.index_seed, cfg.pack_doc_sentences, cache, cfg.nsp_negative_prob,
+                                          cfg.valid_split, role)))
     return out
 
 
@@ -72,9 +83,10 @@ class PretrainingDataset:
     """Map-style dataset over global stream positions (``len`` is the number of distinct samples per epoch)."""
 
     def __init__(self, cfg: DataConfig, tokenizer, seed: int, split: str = "train"):
-        specs = cfg.corpora if split == "train" else cfg.valid_corpora
+        specs, role = split_specs(cfg, split)
         if not specs:
-            raise ValueError(f"data.{'corpora' if split == 'train' else 'valid_corpora'} is empty")
+            raise ValueError(f"data.{'corpora' if split == 'train' else 'valid_corpora'} is empty (or set "
+                             "data.valid_split to hold out part of data.corpora)")
         self.cfg, self.seed = cfg, int(seed)
         self.pad_id = int(tokenizer.pad_id)
         vocab = int(tokenizer.vocab_size)
@@ -89,9 +101,13 @@ class PretrainingDataset:
         self.corpora = [corpus for corpus, _ in built]
         self.builders, self.orders = [], []
         for c, (corpus, index) in enumerate(built):
+            # training NSP negatives take their B side from kept documents only (heldout.py)
+            kept = DocumentSplit(corpus, cfg.valid_split) if role == "train" and cfg.valid_split > 0 else None
             self.builders.append(SampleBuilder(corpus, index, cfg.format, cfg.max_seq_length, tokenizer.cls_id,
-                                               tokenizer.sep_id, cfg.nsp_negative_prob))
-            self.orders.append(EpochOrder(len(index), self.seed + 7919 * c, shuffle=split == "train"))
+                                               tokenizer.sep_id, cfg.nsp_negative_prob, held_out=kept))
+            # evaluation reads a shuffled order too: its first positions are a fixed sample of the whole split, not
+            # the first documents of the first shard
+            self.orders.append(EpochOrder(len(index), self.seed + 7919 * c, shuffle=True))
         self.blend = Blend([spec.weight for spec in specs], cfg.blend_period)
         self.masker = Masker(cfg.masking, vocab, tokenizer.mask_id, tokenizer.special_ids,
                              getattr(tokenizer, "word_start", None))

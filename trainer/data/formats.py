@@ -26,8 +26,9 @@ from .sample_index import NSP_FORMATS, SampleIndex, content_budget
 
 class SampleBuilder:
     def __init__(self, corpus: IndexedCorpus, index: SampleIndex, fmt: str, max_seq_length: int, cls_id: int,
-                 sep_id: int, negative_prob: float = 0.5):
+                 sep_id: int, negative_prob: float = 0.5, held_out=None):
         self.corpus, self.index, self.fmt = corpus, index, fmt
+        self.held_out = held_out  # a heldout.DocumentSplit: NSP negatives never take their B side from its documents
         self.max_seq_length = max_seq_length
         self.budget = content_budget(fmt, max_seq_length)
         self.cls, self.sep = np.int32(cls_id), np.int32(sep_id)
@@ -102,6 +103,14 @@ class SampleBuilder:
         own = int(self.corpus.document_of(sentence))
         doc = int(rng.integers(0, num_docs - 1))
         doc += doc >= own  # uniform over the other documents
+        tries = 0
+        while self.held_out is not None and self.held_out.held_out(doc):  # training: uniform over the kept ones
+            tries += 1  # < 2 draws on average (valid_split < 0.5); no draw at valid_split 0, so the stream is main's
+            if tries > 1000:
+                raise ValueError(f"{self.corpus.prefix}: no kept document for an NSP negative found in 1000 draws; "
+                                 "data.valid_split holds out (nearly) every other document")
+            doc = int(rng.integers(0, num_docs - 1))
+            doc += doc >= own
         d0, d1 = int(self.corpus.doc_starts[doc]), int(self.corpus.doc_starts[doc + 1])
         if d1 == d0:  # an empty document: take the next non-empty sentence after it instead
             d0 = min(d0, self.corpus.num_sentences - 1)

@@ -18,6 +18,9 @@ The layout rules, sentence by sentence (``cost`` = its tokens, plus 1 for the la
   ``s + 1`` otherwise, at most ``s + budget`` sentences; ``s + 2`` for sentence-pair. Formats other than
   full-sentences stop at the document end, and a 1-sentence remainder of a document (2 for pairs) joins the chunk.
   No chunk crosses a shard boundary (a shard holds ~1M sentences, so that is a loss of one sample in ~10^5).
+- With ``data.valid_split`` > 0 (heldout.py) the walk reads only the chosen documents of a shard (training: the
+  kept ones; the held-out index: the held-out ones), one maximal run of consecutive chosen documents at a time, as if
+  each run were a shard: a full-sentences chunk never crosses a held-out document. With 0 the run is the shard.
 - The chunks of a shard are the chain ``first sentence -> next(.) -> ...``, keeping those with tokens (and two
   sentences for pair formats). Packed doc-sentences fill rows next-fit within a shard (``_Packer``).
 - NSP formats (segment-pair, sentence-pair) decide here whether a chunk is a negative (``data.nsp_negative_prob``,
@@ -52,11 +55,13 @@ import numpy as np
 
 from .cache_file import CachePolicy, CacheWriter, code_hash, ensure, settings_hash  # noqa: F401 (settings_hash re-exported)
 from .corpus import IndexedCorpus, idx_arrays
+from .heldout import ROLES, held_out_mask, shard_key
 from .order import M64, mix64
 
 INDEX_VERSION = 3
 """Bump when the index layout changes on purpose; the key also holds ``code_hash(LAYOUT_SOURCES)``."""
-LAYOUT_SOURCES = (Path(__file__).with_name("sample_index.py"), Path(__file__).with_name("index_kernels.py"))
+LAYOUT_SOURCES = (Path(__file__).with_name("sample_index.py"), Path(__file__).with_name("index_kernels.py"),
+                  Path(__file__).with_name("heldout.py"))
 """The modules whose code decides the chunks: any change to them keys a new index (cache_file.code_hash)."""
 WITHIN_DOCUMENT = ("segment-pair", "sentence-pair", "doc-sentences", "sop-pair")
 BLOCK = 1 << 20
@@ -106,6 +111,10 @@ class Layout:
     nsp_prob: float = 0.0
     """NSP formats: probability that a chunk is a negative (decided here, so that its unused sentences go back to
     the chain); 0 for the other formats"""
+    valid_split: float = 0.0
+    """data.valid_split: the share of documents held out (heldout.py); 0 reads every document"""
+    role: str = "train"
+    """train: the documents kept for training; heldout: only the held-out ones (evaluation)"""
 
     @property
     def budget(self) -> int:
@@ -135,15 +144,17 @@ def nsp_share(fmt: str, nsp_prob: float) -> float:
 
 
 def index_settings(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_prob: float, index_seed: int,
-                   pack: bool, nsp_prob: float = 0.0) -> dict:
+                   pack: bool, nsp_prob: float = 0.0, valid_split: float = 0.0, role: str = "train") -> dict:
     """Everything the index depends on (and nothing else: not the training seed); its hash keys the cache file."""
     return {"version": INDEX_VERSION, "code": code_hash(LAYOUT_SOURCES), "corpus": corpus.fingerprint(), "format": fmt,
             "max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "index_seed": index_seed,
-            "pack": bool(pack and fmt == "doc-sentences"), "nsp_prob": nsp_share(fmt, nsp_prob)}
+            "pack": bool(pack and fmt == "doc-sentences"), "nsp_prob": nsp_share(fmt, nsp_prob),
+            "valid_split": float(valid_split), "role": role}
 
 
-def index_path(corpus: IndexedCorpus, fmt: str, key: str, cache_dir) -> Path:
-    return Path(cache_dir) / f"index-{Path(corpus.prefix).name}-{fmt}-{key}.bfc"
+def index_path(corpus: IndexedCorpus, fmt: str, key: str, cache_dir, role: str = "train") -> Path:
+    part = "-heldout" if role == "heldout" else ""
+    return Path(cache_dir) / f"index-{Path(corpus.prefix).name}-{fmt}{part}-{key}.bfc"
 
 
 def _open_index(path, key) -> dict:
@@ -154,16 +165,20 @@ def _open_index(path, key) -> dict:
 
 
 def load_or_build(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_prob: float, index_seed: int,
-                  pack: bool, cache: CachePolicy | str | os.PathLike, nsp_prob: float = 0.0) -> SampleIndex:
+                  pack: bool, cache: CachePolicy | str | os.PathLike, nsp_prob: float = 0.0,
+                  valid_split: float = 0.0, role: str = "train") -> SampleIndex:
     """The mapped index of this corpus and layout, built first if missing (by the policy's builder; the other ranks
-    wait for the finished file, cache_file.ensure). ``nsp_prob``: data.nsp_negative_prob (NSP formats)."""
+    wait for the finished file, cache_file.ensure). ``nsp_prob``: data.nsp_negative_prob (NSP formats);
+    ``valid_split``, ``role``: the held-out split (heldout.py) and which side of it the index reads."""
     if not isinstance(cache, CachePolicy):
         cache = CachePolicy(Path(cache))
-    layout = Layout(fmt, max_seq_length, short_seq_prob, index_seed, pack, nsp_share(fmt, nsp_prob))
+    layout = Layout(fmt, max_seq_length, short_seq_prob, index_seed, pack, nsp_share(fmt, nsp_prob),
+                    float(valid_split), role)
     _check(layout)
-    settings = index_settings(corpus, fmt, max_seq_length, short_seq_prob, index_seed, pack, nsp_prob)
+    settings = index_settings(corpus, fmt, max_seq_length, short_seq_prob, index_seed, pack, nsp_prob,
+                              valid_split, role)
     key = settings_hash(settings)
-    path = index_path(corpus, fmt, key, cache.dir)
+    path = index_path(corpus, fmt, key, cache.dir, role)
 
     def build(p: Path) -> None:
         write_index(corpus, layout, p, key, settings, cache.workers)
@@ -174,10 +189,11 @@ def load_or_build(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_se
 
 def build_index(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_prob: float, seed: int,
                 pack: bool = True, block: int = BLOCK, compiled: bool | None = None,
-                nsp_prob: float = 0.0) -> SampleIndex:
+                nsp_prob: float = 0.0, valid_split: float = 0.0, role: str = "train") -> SampleIndex:
     """The index in memory (tests, small corpora): the same blocks as ``write_index``, concatenated; ``compiled``
     forces the walk compiled or interpreted (default: by shard size, index_kernels.kernels)."""
-    layout = Layout(fmt, max_seq_length, short_seq_prob, seed, pack, nsp_share(fmt, nsp_prob))
+    layout = Layout(fmt, max_seq_length, short_seq_prob, seed, pack, nsp_share(fmt, nsp_prob), float(valid_split),
+                    role)
     _check(layout)
     parts = [_shard_chunks((p, first, layout, block, compiled)) for p, first, _ in corpus.shards]
     chunks = np.concatenate([c for c, _ in parts]) if parts else np.zeros((0, 3), np.int64)
@@ -273,16 +289,39 @@ def _run(tasks: list, workers: int, largest: int):
 
 
 def _check(layout: Layout) -> None:
+    if layout.role not in ROLES:
+        raise ValueError(f"index role {layout.role!r}: one of {ROLES}")
+    if not 0.0 <= layout.valid_split < 0.5:
+        raise ValueError(f"data.valid_split={layout.valid_split}: the share of documents held out must be in [0, 0.5)")
+    if layout.role == "heldout" and layout.valid_split <= 0:
+        raise ValueError("a held-out index needs data.valid_split > 0")
     if layout.budget < 2:
         raise ValueError(f"data.max_seq_length={layout.max_seq_length} leaves {layout.budget} tokens for text; "
                          "use at least 8")
 
 
 def _check_nonempty(corpus: IndexedCorpus, layout: Layout, n: int) -> None:
+    if n == 0 and layout.role == "heldout":
+        raise ValueError(
+            f"{corpus.prefix}: data.valid_split={layout.valid_split} holds out no document that gives a "
+            f"'{layout.fmt}' sample ({corpus.num_documents} documents in all); raise data.valid_split or evaluate on "
+            "data.valid_corpora instead")
     if n == 0:
         raise ValueError(
             f"{corpus.prefix}: no '{layout.fmt}' sample can be built ({corpus.num_documents} documents, "
             f"{corpus.num_sentences} sentences); pair formats need documents of two or more sentences")
+
+
+def _document_runs(prefix: str, documents: int, layout: Layout) -> list[tuple[int, int]]:
+    """The maximal runs ``[lo, hi)`` of consecutive documents of a shard that the index reads: all of them without a
+    held-out split, else the kept ones (train) or the held-out ones (heldout), by heldout.py's hash."""
+    if layout.valid_split <= 0:
+        return [(0, documents)] if documents else []
+    chosen = held_out_mask(shard_key(prefix), documents, layout.valid_split)
+    if layout.role == "train":
+        chosen = ~chosen
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], chosen.astype(np.int8), [0]])))
+    return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
 
 
 # -- one shard, block by block -------------------------------------------------------------------------------------------
@@ -307,12 +346,18 @@ def _shard_chunks(task) -> tuple[np.ndarray, np.ndarray]:
     # (a shard has at most n chunks: buffers of one block or the shard, whichever is smaller)
     out, rows = np.empty((max(1, min(block, n)), 3), np.int64), np.empty(max(1, min(block, n)), np.int64)
     parts, sizes = [], []
-    s, d = 0, 0
-    while s < n:
-        k, s, d = run.walk(lengths, docs, first, s, d, n, mode, layout.budget, layout.min_sent, layout.min_tail,
-                         keep_min, seed_mix, float(layout.short_seq_prob), float(layout.nsp_prob), out, rows)
-        parts.append(out[:k].copy())
-        sizes.append(rows[:k].copy())
+    for lo, hi in _document_runs(prefix, len(docs) - 1, layout):
+        # the walk over the run of chosen documents [lo, hi) as if it were a shard of its own: full-sentences chunks
+        # never cross a held-out document; with valid_split 0 the run is the whole shard (the same chunks as before)
+        s0, m = int(docs[lo]), int(docs[hi] - docs[lo])
+        run_lengths, run_docs = lengths[s0:s0 + m], docs[lo:hi + 1] - s0
+        s, d = 0, 0
+        while s < m:
+            k, s, d = run.walk(run_lengths, run_docs, first + s0, s, d, m, mode, layout.budget, layout.min_sent,
+                               layout.min_tail, keep_min, seed_mix, float(layout.short_seq_prob),
+                               float(layout.nsp_prob), out, rows)
+            parts.append(out[:k].copy())
+            sizes.append(rows[:k].copy())
     chunks = np.concatenate(parts) if parts else np.zeros((0, 3), np.int64)
     if not layout.packed:
         return chunks, np.zeros(0, np.int64)
