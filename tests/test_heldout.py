@@ -170,3 +170,15 @@ def test_the_compiled_walk_takes_the_same_documents(toy):
             a, b = (build_index(corpus, fmt, 24, 0.1, seed=3, pack=True, nsp_prob=0.5, valid_split=0.2, role=role,
                                 compiled=compiled) for compiled in (False, True))
             assert np.array_equal(a.chunks, b.chunks) and (a.row_ptr is None or np.array_equal(a.row_ptr, b.row_ptr))
+
+
+def test_the_index_cache_key_holds_the_split_and_the_role(toy, tmp_path):
+    from trainer.data.sample_index import load_or_build
+
+    prefix, _ = toy
+    corpus = IndexedCorpus(prefix)
+    paths = {load_or_build(corpus, "doc-sentences", 24, 0.1, 3, False, tmp_path, 0.5, split, role).path
+             for split, role in ((0.0, "train"), (0.2, "train"), (0.3, "train"), (0.2, "heldout"))}
+    assert len(paths) == 4 and sum("heldout" in p.name for p in paths) == 1
+    with pytest.raises(ValueError, match="held-out index needs data.valid_split > 0"):
+        load_or_build(corpus, "doc-sentences", 24, 0.1, 3, False, tmp_path, 0.5, 0.0, "heldout")
