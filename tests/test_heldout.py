@@ -182,3 +182,12 @@ def test_the_index_cache_key_holds_the_split_and_the_role(toy, tmp_path):
     assert len(paths) == 4 and sum("heldout" in p.name for p in paths) == 1
     with pytest.raises(ValueError, match="held-out index needs data.valid_split > 0"):
         load_or_build(corpus, "doc-sentences", 24, 0.1, 3, False, tmp_path, 0.5, 0.0, "heldout")
+
+
+def test_ernie_refuses_the_split_at_config_time(toy):
+    from trainer.config import ConfigError, load_config
+
+    prefix, _ = toy
+    with pytest.raises(ConfigError, match="valid_split=0.1: the held-out split is not supported by the 'ernie'"):
+        load_config("tiny_ernie", [f"data.corpora=[{{prefix: {prefix}}}]", "data.valid_split=0.1", "run_dir=/tmp/x",
+                                   "model.vocab_size=1000", "model.pad_token_id=0"])
