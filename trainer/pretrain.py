@@ -174,6 +174,8 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
     comps = build_components(cfg, rank, world_size, device)
     if resume_dir is None and cfg.checkpoint.init_from:
         weights = checkpoint.init_weights(cfg.checkpoint.init_from, Path(cfg.run_dir), rank)  # consolidated once
+        from trainer.models.vocab_padding import fit_to_config  # a source saved with other vocabulary padding
+        weights = fit_to_config(weights, cfg.model)
         missing, unexpected = comps.model.load_state_dict(weights, strict=False)
         print0(f"initialised from {cfg.checkpoint.init_from} (missing {list(missing)}, unexpected "
                f"{list(unexpected)})")
