@@ -173,3 +173,44 @@ def test_parameter_counts_leave_the_padding_out_unless_asked():
         model = PretrainingModel(cfg, FAMILIES["bert"][1])
     pad = cfg.padded_vocab_size - cfg.vocab_size  # 6 rows of the word embedding, 6 decoder bias entries
     assert count_parameters(model, padding=True) - count_parameters(model) == pad * cfg.hidden_size + pad
+
+
+def test_resume_across_padding_is_refused_with_the_setting_to_use():
+    """DeepSpeed's optimizer state cannot be padded, so ``trainer.pretrain`` refuses (before loading) a resume whose
+    recorded config stored other row counts. This checks the decision on recorded configs; the call in
+    pretrain._run_locked is not run here (a full trainer run per case)."""
+    from trainer.models.vocab_padding import resume_padding_error
+
+    cfg = config("bert")  # 1000 -> 1024 rows
+    old = {"model": config("bert", pad=1).model_dump()}
+    del old["model"]["pad_vocab_to"]  # a checkpoint from before the field: no padding
+    why = resume_padding_error(old, cfg, "ckpt/global_step5")
+    assert "ckpt/global_step5 was saved with 1000 vocabulary rows" in why and "--set model.pad_vocab_to=1" in why
+    assert resume_padding_error(old, cfg.replace(pad_vocab_to=1), "x") is None
+    assert resume_padding_error({"model": cfg.model_dump()}, cfg, "x") is None
+    assert resume_padding_error({"model": cfg.replace(pad_vocab_to=256).model_dump()}, cfg, "x") is None  # 1024 too
+    assert "pad_vocab_to=8" in resume_padding_error({"model": cfg.replace(pad_vocab_to=8).model_dump()}, cfg, "x")
+
+
+@pytest.mark.slow  # three one-rank trainer launches (the stand-in objective), ~10 s each alone
+def test_trainer_refuses_to_resume_across_padding_and_resumes_with_the_recorded_setting(tmp_path):
+    """Through trainer.pretrain (one rank, the stand-in objective of test_trainer_standin.py, whose tiny model does
+    not use the encoder: what is checked is the refusal before DeepSpeed loads anything)."""
+    import subprocess
+
+    from test_trainer_multiproc import REPO, TIMEOUT, command, make_config
+
+    def launch(pad, steps):
+        cfg = make_config(tmp_path, "run", model={"pad_vocab_to": pad},
+                          train={"steps": steps, "eval_every": 0}, schedule={"decay_steps": steps})
+        return subprocess.run(command(cfg, 1, "--resume", "auto"), cwd=REPO, capture_output=True, text=True,
+                              timeout=TIMEOUT)
+
+    first = launch(1, 2)
+    assert first.returncode == 0, first.stderr[-2000:]
+    refused = launch(64, 4)
+    assert refused.returncode != 0
+    assert "was saved with 97 vocabulary rows (model.pad_vocab_to 1), this config stores 128" in refused.stderr
+    assert "--set model.pad_vocab_to=1" in refused.stderr
+    resumed = launch(1, 4)
+    assert resumed.returncode == 0 and "resumed from" in resumed.stdout + resumed.stderr, resumed.stderr[-2000:]

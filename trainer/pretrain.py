@@ -158,6 +158,11 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
     # a start that is not the continuation of the folder's newest checkpoint moves the newer ones aside
     fence = lock.check if lock is not None else None  # before every write: the folder is still ours
     run_id = checkpoint.begin_lineage(root, resume_dir, rank, device, fence)
+    if resume_dir is not None:
+        from trainer.models.vocab_padding import resume_padding_error
+        why = resume_padding_error(checkpoint.read_state(resume_dir).get("config"), cfg.model, str(resume_dir))
+        if why:
+            raise ValueError(why)
     stage = zero_stage(cfg, read_ds_json(cfg))
     universal = resume_dir is not None and checkpoint.needs_universal(resume_dir, world_size, stage)
     if universal:

@@ -46,3 +46,20 @@ def fit_vocab_rows(state_dict: dict, rows: int, vocab_size: int) -> dict:
 def fit_to_config(state_dict: dict, cfg) -> dict:
     """``fit_vocab_rows`` to a ModelConfig's padded_vocab_size."""
     return fit_vocab_rows(state_dict, cfg.padded_vocab_size, cfg.vocab_size)
+
+
+def resume_padding_error(saved_config: dict, cfg, where: str) -> str | None:
+    """Why a checkpoint saved with ``saved_config`` (its recorded run config) cannot resume into ``cfg`` (a ModelConfig)
+    because of vocabulary padding, or None. DeepSpeed's optimizer state has the saved row count, so unlike a weights
+    load it cannot be fitted; checkpoints from before ``pad_vocab_to`` existed have no key and no padding."""
+    model = (saved_config or {}).get("model") or {}
+    if model.get("vocab_size") != cfg.vocab_size:
+        return None  # another vocabulary: not a padding question (DeepSpeed names the mismatch)
+    saved_pad = int(model.get("pad_vocab_to", 1))
+    saved_rows = -(-cfg.vocab_size // saved_pad) * saved_pad
+    if saved_rows == cfg.padded_vocab_size:
+        return None
+    return (f"{where} was saved with {saved_rows} vocabulary rows (model.pad_vocab_to {saved_pad}"
+            f"{'' if 'pad_vocab_to' in model else ', from before vocabulary padding'}), this config stores "
+            f"{cfg.padded_vocab_size} (pad_vocab_to {cfg.pad_vocab_to}): resume with --set model.pad_vocab_to="
+            f"{saved_pad}, or start a new run from its weights with checkpoint.init_from (which pads them)")
