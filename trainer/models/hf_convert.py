@@ -12,9 +12,10 @@ Targets (by family and by the heads present, found by kind):
   electra: the discriminator (rtd token head) -> ElectraForPreTraining in the folder, the generator -> a
   ``generator/`` subfolder as ElectraForMaskedLM.
 Our fused QKV projection is split into query/key/value; our vocabulary padding rows (ModelConfig.pad_vocab_to) are
-dropped on export and added back (zero) on import, so the exported logits are ours on the real vocabulary. Sharing modes Hugging Face cannot express (attention- or
-ffn-only sharing; any sharing outside ALBERT) are exported unshared (same values, copied per layer) with a warning:
-the export is exact for inference and fine-tuning, the sharing itself is lost.
+dropped on export and added back (zero) on import, so the exported logits are ours on the real vocabulary. Sharing
+modes Hugging Face cannot express (attention- or ffn-only sharing; any sharing outside ALBERT) are exported unshared
+(same values, copied per layer) with a warning: the export is exact for inference and fine-tuning, the sharing itself
+is lost.
 """
 import shutil
 from pathlib import Path
