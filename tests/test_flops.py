@@ -2,7 +2,8 @@
 
 The closed form, per token of a row of T tokens with P MLM predictions, forward (x3 for training):
   every applied layer (L of them, shared or not): 2 (4 H^2 + 2 H I) for the linear maps + 4 T H for the score and
-  value products; the E->H projection when E != H: 2 E H; an MLM head at P/T of the tokens: 2 (H E + E V);
+  value products; the E->H projection when E != H: 2 E H; an MLM head at P/T of the tokens: 2 (H E + E V), V the
+  padded vocabulary the decoder GEMM runs on (ModelConfig.padded_vocab_size: 30,528 for 30,522, +0.02 %);
   a sequence head (pooler + classifier) once per row: 2 (H^2 + H n) / T; a token head at every token: 2 (H^2 + H n).
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ T, P = 512, 76
 
 
 def closed_form(cfg, heads, seq_len: int, predictions: int) -> float:
-    H, I, E, V, L = cfg.hidden_size, cfg.ffn_size, cfg.emb_size, cfg.vocab_size, cfg.num_layers
+    H, I, E, V, L = cfg.hidden_size, cfg.ffn_size, cfg.emb_size, cfg.padded_vocab_size, cfg.num_layers
     fwd = L * (2 * (4 * H * H + 2 * H * I) + 4 * seq_len * H)
     fwd += 2 * E * H if E != H else 0
     for spec in heads.values():

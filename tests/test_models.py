@@ -81,7 +81,7 @@ def test_mlm_decoder_is_tied_to_input_embeddings():
     for name in ("tiny", "tiny-albert"):
         model = PretrainingModel(get_preset(name), HEADS)
         assert model.heads[MLM].decoder.weight is model.encoder.embeddings.word.weight
-        assert model.heads[MLM].decoder.weight.shape == (model.cfg.vocab_size, model.cfg.emb_size)
+        assert model.heads[MLM].decoder.weight.shape == (model.cfg.padded_vocab_size, model.cfg.emb_size)
         assert len(list(model.parameters())) == len({id(p) for p in model.parameters()})
 
 

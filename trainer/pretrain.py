@@ -162,6 +162,11 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
     # a start that is not the continuation of the folder's newest checkpoint moves the newer ones aside
     fence = lock.check if lock is not None else None  # before every write: the folder is still ours
     run_id = checkpoint.begin_lineage(root, resume_dir, rank, device, fence)
+    if resume_dir is not None:
+        from trainer.models.vocab_padding import resume_padding_error
+        why = resume_padding_error(checkpoint.read_state(resume_dir).get("config"), cfg.model, str(resume_dir))
+        if why:
+            raise ValueError(why)
     stage = zero_stage(cfg, read_ds_json(cfg))
     universal = resume_dir is not None and checkpoint.needs_universal(resume_dir, world_size, stage)
     if universal:
@@ -178,6 +183,8 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
     comps = build_components(cfg, rank, world_size, device)
     if resume_dir is None and cfg.checkpoint.init_from:
         weights = checkpoint.init_weights(cfg.checkpoint.init_from, Path(cfg.run_dir), rank)  # consolidated once
+        from trainer.models.vocab_padding import fit_to_config  # a source saved with other vocabulary padding
+        weights = fit_to_config(weights, cfg.model)
         missing, unexpected = comps.model.load_state_dict(weights, strict=False)
         print0(f"initialised from {cfg.checkpoint.init_from} (missing {list(missing)}, unexpected "
                f"{list(unexpected)})")

@@ -106,7 +106,8 @@ def load_source(path: str | Path) -> Source:
         if family is not None and family not in FAMILIES:
             raise SourceError(f"--checkpoint {path}: model family {family!r} is not supported ({FAMILIES})")
         cfg = model_config_from_run(run_config)
-        encoder, pooler = _split_state(complete_tied(state))
+        from trainer.models.vocab_padding import fit_to_config  # a run saved with other vocabulary padding
+        encoder, pooler = _split_state(fit_to_config(complete_tied(state), cfg))
         tag = path if (path / STATE_FILE).is_file() else None
         step = None
         if tag is None:

@@ -20,7 +20,15 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     vocab_size: int = Field(gt=0)
-    """Rows of the token embedding table (the tokenizer's vocab_size, optionally padded up for GEMM efficiency)."""
+    """The tokenizer's vocabulary: ids 0 .. vocab_size-1 and the MLM logits' width (see pad_vocab_to for the rows
+    stored)."""
+    pad_vocab_to: int = Field(default=64, ge=1)
+    """Store the word embedding (and the tied MLM decoder and its bias) with ``padded_vocab_size`` rows, vocab_size
+    rounded up to a multiple of this: 30,522 -> 30,528 and 50,265 -> 50,304 give the decoder GEMM tensor-core-aligned
+    shapes. The extra rows start at zero, are never looked up, and the logits are cut back to vocab_size before any
+    loss, argmax or sampling, so they get no gradient and stay zero: training is the unpadded model's (to GEMM
+    rounding). The Hugging Face export drops them; loading weights with other padding (an older checkpoint, an import)
+    pads or trims them (trainer/models/vocab_padding.py). 1 = no padding."""
     hidden_size: int = Field(gt=0)
     """H: width of every Transformer layer."""
     num_layers: int = Field(gt=0)
@@ -85,6 +93,11 @@ class ModelConfig(BaseModel):
             raise ValueError(f"pad_token_id {self.pad_token_id} is outside the vocabulary (vocab_size "
                              f"{self.vocab_size})")
         return self
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the word embedding and the tied decoder: vocab_size rounded up to a multiple of pad_vocab_to."""
+        return -(-self.vocab_size // self.pad_vocab_to) * self.pad_vocab_to
 
     @property
     def ffn_size(self) -> int:

@@ -33,7 +33,7 @@ class Embeddings(nn.Module):
         super().__init__()
         width = cfg.emb_size
         self.cfg = cfg
-        self.word = nn.Embedding(cfg.vocab_size, width, padding_idx=cfg.pad_token_id)
+        self.word = nn.Embedding(cfg.padded_vocab_size, width, padding_idx=cfg.pad_token_id)
         self.position = nn.Embedding(cfg.max_position_embeddings, width)
         self.token_type = nn.Embedding(cfg.type_vocab_size, width) if cfg.type_vocab_size else None
         self.extra = nn.ModuleDict({name: nn.Embedding(rows, width) for name, rows in cfg.extra_embeddings.items()})
@@ -129,6 +129,9 @@ class Encoder(nn.Module):
         self.attention = nn.ModuleList(Attention(cfg) for _ in range(n_attention))
         self.ffn = nn.ModuleList(FeedForward(cfg) for _ in range(n_ffn))
         self.apply(lambda m: init_weights(m, cfg))
+        if cfg.padded_vocab_size > cfg.vocab_size and self.embeddings.word.weight.device.type != "meta":
+            with torch.no_grad():  # padding rows: zero, and kept zero (no id looks them up, no logit is used)
+                self.embeddings.word.weight[cfg.vocab_size:].zero_()
 
     def layer(self, i: int) -> tuple[Attention, FeedForward]:
         """The (attention, feed-forward) modules layer i applies; shared modules are the same objects."""

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from trainer.models.config import MLM, NSP, RTD, SOP, HeadSpec, ModelConfig  # noqa: F401  (re-exported)
-from trainer.models.encoder import Encoder, activation_fn, init_weights
+from trainer.models.encoder import Embeddings, Encoder, activation_fn, init_weights
 
 
 class MLMHead(nn.Module):
@@ -18,6 +18,9 @@ class MLMHead(nn.Module):
     work than scoring every token, and the [N, V] logits are the largest activation of a BERT step.
     The decoder is an nn.Linear whose weight *is* the embedding Parameter (not a copy), as in Hugging Face, so the
     module that uses it owns it (ZeRO-3 gathers it for this module's forward) and the optimizer sees it once.
+    It has ``cfg.padded_vocab_size`` outputs (a GEMM width that is a multiple of 64); the logits are cut back to
+    ``cfg.vocab_size`` (a view: the loss's softmax reads the real columns only), so padding never wins an argmax,
+    is never sampled and gets no gradient.
     """
 
     def __init__(self, cfg: ModelConfig, word_embeddings: nn.Embedding, transform_act: str | None = None):
@@ -25,15 +28,17 @@ class MLMHead(nn.Module):
         self.dense = nn.Linear(cfg.hidden_size, cfg.emb_size)
         self.act = activation_fn(transform_act or cfg.hidden_act)
         self.norm = nn.LayerNorm(cfg.emb_size, eps=cfg.layer_norm_eps)
-        self.decoder = nn.Linear(cfg.emb_size, cfg.vocab_size)
+        self.decoder = nn.Linear(cfg.emb_size, cfg.padded_vocab_size)
         self.apply(lambda m: init_weights(m, cfg))
         self.decoder.weight = word_embeddings.weight
+        self.vocab_size = cfg.vocab_size
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """hidden [B, T, H]; positions [N] flat indices into B*T -> logits [N, V]; None -> all positions [B, T, V]."""
         if positions is not None:
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
-        return self.decoder(self.norm(self.act(self.dense(hidden))))
+        logits = self.decoder(self.norm(self.act(self.dense(hidden))))
+        return logits[..., : self.vocab_size] if logits.shape[-1] != self.vocab_size else logits
 
 
 class SequenceHead(nn.Module):
@@ -133,6 +138,16 @@ def mlm_targets(mlm_positions: torch.Tensor, mlm_labels: torch.Tensor, seq_len: 
     return (mlm_positions + rows * seq_len).reshape(-1), mlm_labels.reshape(-1)
 
 
-def count_parameters(module: nn.Module) -> int:
-    """Distinct parameters (tied and shared tensors counted once), as papers and Hugging Face count them."""
-    return sum(p.numel() for p in module.parameters())
+def count_parameters(module: nn.Module, padding: bool = False) -> int:
+    """Distinct parameters (tied and shared tensors counted once), as papers and Hugging Face count them: without the
+    vocabulary padding rows (ModelConfig.pad_vocab_to) unless ``padding``, so a count equals the exported model's."""
+    total = sum(p.numel() for p in module.parameters())
+    if padding:
+        return total
+    pads = {}
+    for m in module.modules():
+        if isinstance(m, Embeddings):
+            pads[id(m.word.weight)] = (m.word.weight, m.cfg.vocab_size)
+        elif isinstance(m, MLMHead):
+            pads[id(m.decoder.bias)] = (m.decoder.bias, m.vocab_size)
+    return total - sum((t.shape[0] - vocab) * t[0].numel() for t, vocab in pads.values())

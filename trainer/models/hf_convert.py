@@ -11,9 +11,11 @@ Targets (by family and by the heads present, found by kind):
   albert: mlm + 2-way sequence head -> AlbertForPreTraining; mlm -> AlbertForMaskedLM; otherwise AlbertModel
   electra: the discriminator (rtd token head) -> ElectraForPreTraining in the folder, the generator -> a
   ``generator/`` subfolder as ElectraForMaskedLM.
-Our fused QKV projection is split into query/key/value. Sharing modes Hugging Face cannot express (attention- or
-ffn-only sharing; any sharing outside ALBERT) are exported unshared (same values, copied per layer) with a warning:
-the export is exact for inference and fine-tuning, the sharing itself is lost.
+Our fused QKV projection is split into query/key/value; our vocabulary padding rows (ModelConfig.pad_vocab_to) are
+dropped on export and added back (zero) on import, so the exported logits are ours on the real vocabulary. Sharing
+modes Hugging Face cannot express (attention- or ffn-only sharing; any sharing outside ALBERT) are exported unshared
+(same values, copied per layer) with a warning: the export is exact for inference and fine-tuning, the sharing itself
+is lost.
 """
 import shutil
 from pathlib import Path
@@ -23,6 +25,7 @@ import torch
 from trainer.log import warn0
 from trainer.models.config import ModelConfig
 from trainer.models.heads import MLM, NSP, RTD, SOP, HeadSpec
+from trainer.models.vocab_padding import fit_rows, fit_to_config, is_vocab_row_key
 
 PREFIX = {"bert": "bert", "roberta": "roberta", "albert": "albert", "electra": "electra", "ernie": "ernie"}
 CLASS_STEM = {"bert": "Bert", "roberta": "Roberta", "albert": "Albert", "electra": "Electra", "ernie": "Ernie"}
@@ -161,6 +164,8 @@ def to_hf_state_dict(cfg: ModelConfig, state_dict: dict, heads: dict[str, HeadSp
             raise KeyError(f"state dict has no {ours!r} (needed for {arch}.{hf_key}); is this a {cfg.family} model "
                            f"with heads {sorted(heads)}?")
         tensor = state_dict[ours]
+        if is_vocab_row_key(ours):  # our padding rows (ModelConfig.pad_vocab_to) are not part of the vocabulary
+            tensor = fit_rows(tensor, cfg.vocab_size, cfg.vocab_size, ours)
         out[hf_key] = (tensor if part is None else tensor.chunk(3, dim=0)[part]).detach().clone().float()
     dropped = [n for n in cfg.extra_embeddings if not (cfg.family == "ernie" and n == "task")]
     if dropped:
@@ -186,6 +191,7 @@ def from_hf_state_dict(cfg: ModelConfig, hf_state_dict: dict, heads: dict[str, H
             parts.setdefault(key, {})[part] = tensor
     for key, pieces in parts.items():
         ours[key] = torch.cat([pieces[k] for k in range(3)], dim=0)
+    ours = fit_to_config(ours, cfg)  # zero padding rows up to cfg.padded_vocab_size
     mlm = _pick(heads, "mlm")
     if mlm:
         ours[f"heads.{mlm}.decoder.weight"] = ours[WORD]

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from trainer.models.config import ModelConfig
+from trainer.models.vocab_padding import fit_to_config
 
 CONFIG_FILE, WEIGHTS_FILE = "model_config.json", "model.safetensors"
 
@@ -41,7 +42,8 @@ def load_model_folder(folder: str | Path) -> tuple[ModelConfig, dict[str, torch.
         cfg = ModelConfig(**json.loads((folder / CONFIG_FILE).read_text()))
     except (ValueError, TypeError) as err:
         raise ValueError(f"{folder / CONFIG_FILE}: not a valid model config: {err}") from err
-    return cfg, complete_tied(load_file(str(folder / WEIGHTS_FILE)))
+    # a folder saved with other vocabulary padding (or before it existed) gets this config's row count
+    return cfg, fit_to_config(complete_tied(load_file(str(folder / WEIGHTS_FILE))), cfg)
 
 
 def complete_tied(state_dict: dict) -> dict:

@@ -1,7 +1,8 @@
 """Published model sizes as a table: one row per preset, each a ModelConfig plus the heads its paper counts.
 
 What a preset's parameter count includes (the way the papers and Hugging Face report them; tied decoder weights and
-shared layers counted once):
+shared layers counted once; the vocabulary padding rows of ModelConfig.pad_vocab_to left out, as the export drops
+them: bert-base stores 30,528 x 768 word-embedding rows and 30,528 decoder biases, 4,614 more than it counts):
 
 - bert-*, ernie-*, tiny: encoder + pooler + MLM head + NSP classifier   == Hugging Face BertForPreTraining /
   ErnieForPreTraining (bert-base 110M, bert-large 335M);
