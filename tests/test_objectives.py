@@ -355,9 +355,13 @@ def test_tiny_electra_learns(six_topics, seed):
     assert after["gen_mlm_loss"] < before["gen_mlm_loss"] - 1.0, (before, after)
     assert after["gen_mlm_acc"] > before["gen_mlm_acc"] + 0.03, (before, after)
     assert after["rtd_loss"] < 0.75 * before["rtd_loss"], (before, after)
-    assert after["rtd_acc"] > before["rtd_acc"] + 0.3, (before, after)
-    # more than the prior: a constant logit at best reaches the entropy of the replaced fraction, with recall 0
+    # more than the prior: a constant logit at best reaches the entropy of the replaced fraction, with recall 0, and
+    # the accuracy of always answering "original" (1 - p). (The accuracy before training depends on the random
+    # initial bias of the RTD head: about 0.3-0.4 with the 2026-12-03 inits, 0.72 for seed 0 once the vocabulary
+    # padding changed the init, so the gain over it is no measure; the majority class is. Seed 0 then: 0.911 against
+    # 1 - p = 0.858.)
     p = after["replaced_frac"]
+    assert after["rtd_acc"] > (1 - p) + 0.03, (before, after, 1 - p)
     prior_entropy = -(p * math.log(p) + (1 - p) * math.log(1 - p))
     assert after["rtd_loss"] < prior_entropy - 0.08, (before, after, prior_entropy)
     assert after["rtd_recall"] > 0.2 and after["rtd_precision"] > 3 * p, (before, after)
