@@ -64,20 +64,9 @@ def build_task_model(source, head: str, num_labels: int, dropout: float | None, 
                      from_scratch: bool = False) -> TaskModel:
     """The task model with the source's encoder (and pooler, for choice heads of BERT/ERNIE/ALBERT), or with a fresh
     init of the same architecture (``from_scratch``)."""
-    from trainer.finetune.model import SourceError
-    cfg = source.cfg.replace(activation_checkpointing=False)
-    if dropout is not None:
-        cfg = cfg.replace(dropout=dropout, attention_dropout=dropout)
-    model = TaskModel(cfg, head, num_labels, classifier_dropout)
-    if from_scratch:
-        return model
-    missing, unexpected = model.encoder.load_state_dict(source.encoder, strict=False)
-    if missing or unexpected:
-        raise SourceError(f"the checkpoint's encoder does not fit its config: missing {missing[:4]}, unexpected "
-                          f"{unexpected[:4]}")
-    if head == "choice" and source.pooler is not None and cfg.family in ("bert", "ernie", "albert"):
-        model.head.pooler.load_state_dict(source.pooler)
-    return model
+    from trainer.finetune.model import finetune_config, load_source_weights
+    model = TaskModel(finetune_config(source, dropout), head, num_labels, classifier_dropout)
+    return model if from_scratch else load_source_weights(model, source, pooler=head == "choice")
 
 
 def _lin(out: dict, hf: str, module: nn.Linear) -> None:

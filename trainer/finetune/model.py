@@ -205,22 +205,30 @@ class Classifier(nn.Module):
         return self.head(self.encoder(input_ids, attention_mask, token_type_ids))
 
 
-def build_classifier(source: Source, num_labels: int, dropout: float | None, classifier_dropout: float,
-                     from_scratch: bool = False) -> Classifier:
-    """The classifier with the source's weights (or, ``from_scratch``, its architecture with a fresh init)."""
+def finetune_config(source: Source, dropout: float | None) -> ModelConfig:
+    """The source's model config for fine-tuning: no activation checkpointing, and ``dropout`` (when given) for the
+    hidden and attention dropout."""
     cfg = source.cfg.replace(activation_checkpointing=False)
-    if dropout is not None:
-        cfg = cfg.replace(dropout=dropout, attention_dropout=dropout)
-    model = Classifier(cfg, num_labels, classifier_dropout)
-    if from_scratch:
-        return model
+    return cfg if dropout is None else cfg.replace(dropout=dropout, attention_dropout=dropout)
+
+
+def load_source_weights(model: nn.Module, source: Source, pooler: bool) -> nn.Module:
+    """``model`` (with ``.encoder`` and ``.head.pooler``) given the source's encoder weights, and its pooler where
+    ``pooler`` and the family has one (BERT, ERNIE, ALBERT)."""
     missing, unexpected = model.encoder.load_state_dict(source.encoder, strict=False)
     if missing or unexpected:
         raise SourceError(f"the checkpoint's encoder does not fit its config: missing {missing[:4]}, unexpected "
                           f"{unexpected[:4]}")
-    if source.pooler is not None and cfg.family in ("bert", "ernie", "albert"):
+    if pooler and source.pooler is not None and source.cfg.family in ("bert", "ernie", "albert"):
         model.head.pooler.load_state_dict(source.pooler)
     return model
+
+
+def build_classifier(source: Source, num_labels: int, dropout: float | None, classifier_dropout: float,
+                     from_scratch: bool = False) -> Classifier:
+    """The classifier with the source's weights (or, ``from_scratch``, its architecture with a fresh init)."""
+    model = Classifier(finetune_config(source, dropout), num_labels, classifier_dropout)
+    return model if from_scratch else load_source_weights(model, source, pooler=True)
 
 
 def layer_depth(name: str, num_layers: int) -> int:
