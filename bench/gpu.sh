@@ -44,7 +44,14 @@ if ! python -c "import pydantic, deepspeed, megatron.core" >/dev/null 2>&1; then
         echo "pydantic/deepspeed/megatron-core missing and no $WHEELS: run 'make gpu-wheels' where there is network"
     fi
 fi
-python - <<'PY' 2>&1 | tee "${OUT:-/tmp}/gpu_bench.txt"
+# A stage that fails writes {"stage": ..., "failed": exit status} and the later stages still run (an unattended first
+# run on a new node reports everything it can); the script exits non-zero at the end if any stage failed.
+FAILED=0
+failed() {
+    echo "{\"stage\": \"$1\", \"failed\": $2}" | tee -a "${OUT:-/tmp}/gpu_bench.jsonl" "${OUT:-/tmp}/gpu_bench.txt"
+    FAILED=1
+}
+python - <<'PY' 2>&1 | tee "${OUT:-/tmp}/gpu_bench.txt" || failed hf_comparison $?
 import os
 import time
 
@@ -105,7 +112,8 @@ def bf16_peak(n=256 if SMOKE else 8192, reps=2 if SMOKE else 50):
 # ---------------------------------------------------------------- correctness against Hugging Face on the GPU
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
-cfg = get_preset(CHECK, **({"num_layers": 4} if not SMOKE else {}), dropout=0.0, attention_dropout=0.0)
+cfg = get_preset(CHECK, **({"num_layers": 4} if not SMOKE else {}), dropout=0.0, attention_dropout=0.0,
+                 compile="off" if SMOKE else "on")  # the check runs the compiled layers (the CUDA default)
 ours = PretrainingModel(cfg, HEADS).to(dev).eval()
 with torch.no_grad():
     for p in ours.parameters():
@@ -157,7 +165,7 @@ for seq, padding in ((SEQS[0], 0.0), (SEQS[1], 0.0), (SEQS[1], 0.5)):
     preds = round(0.15 * seq)
     for unpad in ((False, True) if padding else (False,)):
         torch.manual_seed(0)
-        cfg = get_preset(LARGE, unpad=unpad)
+        cfg = get_preset(LARGE, unpad=unpad, compile="off")  # eager against eager HF; compile: bench/model_stages.py
         ours = PretrainingModel(cfg, HEADS).to(dev).train()
         hf = transformers.BertForPreTraining(hf_config(cfg, "BertForPreTraining")).to(dev).train()
         real = int(seq * (1 - padding))
@@ -216,7 +224,8 @@ PY
 # The bare model step of BERT-large seq 512 bf16 on full, 10 % short and packed rows (packing metadata as the trainer
 # feeds it), one profiled step's kernel split and attention kernels, device idle time at accumulation 4.
 python bench/model_stages.py --part core --deadline "$BENCH_DEADLINE" $([ "$SMOKE" = 1 ] && echo --smoke) \
-    --jsonl "${OUT:-/tmp}/gpu_bench.jsonl" 2>&1 | grep -v "^USDT" | tee -a "${OUT:-/tmp}/gpu_bench.txt"
+    --jsonl "${OUT:-/tmp}/gpu_bench.jsonl" 2>&1 | grep -v "^USDT" | tee -a "${OUT:-/tmp}/gpu_bench.txt" \
+    || failed model_stages_core $?
 # The trainer's step (DeepSpeed bf16 engine at ZeRO-1 and ZeRO-2, accumulation 1 and 4, AdamW and LAMB, + trainer.loop)
 # against the bare model step; one JSON line per configuration in $OUT/gpu_bench.jsonl.
 if python -c "import deepspeed, pydantic" >/dev/null 2>&1; then
@@ -226,9 +235,12 @@ if python -c "import deepspeed, pydantic" >/dev/null 2>&1; then
         :
     else
         rc=$?
-        [ "$left" -gt 0 ] && [ "$rc" != 124 ] && exit "$rc"
-        echo '{"stage": "trainer_step", "skipped": "time budget (BUDGET_S) spent"}' \
-            | tee -a "${OUT:-/tmp}/gpu_bench.jsonl" "${OUT:-/tmp}/gpu_bench.txt"
+        if [ "$left" -gt 0 ] && [ "$rc" != 124 ]; then
+            failed trainer_step "$rc"
+        else
+            echo '{"stage": "trainer_step", "skipped": "time budget (BUDGET_S) spent"}' \
+                | tee -a "${OUT:-/tmp}/gpu_bench.jsonl" "${OUT:-/tmp}/gpu_bench.txt"
+        fi
     fi
 else
     echo "trainer steps: skipped (deepspeed is not importable; pip install deepspeed to measure them)" \
@@ -236,4 +248,6 @@ else
 fi
 # If time is left: RoBERTa-large packed, ALBERT-xxlarge, ELECTRA-large (a "skipped" line each when it is not).
 python bench/model_stages.py --part others --deadline "$BENCH_DEADLINE" $([ "$SMOKE" = 1 ] && echo --smoke) \
-    --jsonl "${OUT:-/tmp}/gpu_bench.jsonl" 2>&1 | grep -v "^USDT" | tee -a "${OUT:-/tmp}/gpu_bench.txt"
+    --jsonl "${OUT:-/tmp}/gpu_bench.jsonl" 2>&1 | grep -v "^USDT" | tee -a "${OUT:-/tmp}/gpu_bench.txt" \
+    || failed model_stages_others $?
+exit "$FAILED"

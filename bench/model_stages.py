@@ -13,6 +13,9 @@ time at accumulation 4, and the other large presets; one JSON line per stage app
   the CPU).
 - ``idle``: one optimizer step at accumulation 4 (4 forward/backward + AdamW) under the profiler: time inside the
   step's span during which no device kernel ran (CPU: no op on the main thread).
+- ``model_step`` with ``compile: on``: the same on full and packed rows with each layer's feed-forward and
+  attention-output blocks under ``torch.compile`` (``model.compile``, on by default on CUDA); ``warmup_s`` includes
+  the compile. ``profile`` and ``idle`` run the compiled model on a GPU (what the trainer runs there).
 - ``others``: RoBERTa-large packed, ALBERT-xxlarge and ELECTRA-large (generator + discriminator) model steps.
 
 Each stage first checks ``--deadline`` (Unix seconds; gpu.sh sets start + 8 minutes): past it, the stage writes
@@ -102,16 +105,19 @@ def make_batch(mix: str, batch: int, seq: int, vocab: int, gen: torch.Generator)
     return attach_packing(out)
 
 
-def build_model(preset: str, dev):
+def build_model(preset: str, dev, compile: str = "off"):
+    """``preset``'s pretraining model on ``dev``; ``compile`` is ``model.compile`` (off: eager, on: torch.compile of
+    each layer's feed-forward and attention-output blocks)."""
     from trainer.models.electra import ElectraPretrainingModel
     from trainer.models.presets import PRESET_ROWS
 
     row = PRESET_ROWS[preset]
+    cfg = row.config.replace(compile=compile)
     torch.manual_seed(0)
     if "electra" in preset:
-        return ElectraPretrainingModel(row.config).to(dev).train()
+        return ElectraPretrainingModel(cfg).to(dev).train()
     from trainer.models.heads import PretrainingModel
-    return PretrainingModel(row.config, row.heads).to(dev).train()
+    return PretrainingModel(cfg, row.heads).to(dev).train()
 
 
 def step_flops(model, batches, seq: int, preds: int) -> float:
@@ -202,20 +208,22 @@ class Stages:
         if self.dev.type == "cuda":
             torch.cuda.synchronize()
 
-    def model_step(self, preset_name: str, mix: str) -> None:
+    def model_step(self, preset_name: str, mix: str, compile: str = "off") -> None:
         from trainer.flops import train_flops_per_token
 
         preset = self.preset(preset_name)
-        if self.out_of_time("model_step", preset=preset, mix=mix):
+        if self.out_of_time("model_step", preset=preset, mix=mix, compile=compile):
             return
-        model = build_model(preset, self.dev)
+        model = build_model(preset, self.dev, compile)
+        compile_start = time.perf_counter()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=self.dev.type == "cuda")
         batches = self.batches(model, mix)
         if self.dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        for _ in range(2):
-            self.train_step(model, opt, batches[:1])
+        for i in range(2 if compile == "off" else 3):  # compiled: both batches' shapes seen before timing
+            self.train_step(model, opt, batches[i % 2:i % 2 + 1])
         self.sync()
+        warmup_s = time.perf_counter() - compile_start
         if self.dev.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -235,7 +243,8 @@ class Stages:
         per_token = train_flops_per_token(model, self.seq, preds)
         flops = step_flops(model, batches, self.seq, preds)
         rate = tokens / (ms / 1e3)
-        self.emit({"stage": "model_step", "preset": preset, "mix": mix, "seq": self.seq, "batch": self.batch,
+        self.emit({"stage": "model_step", "preset": preset, "mix": mix, "compile": compile,
+                   "warmup_s": warmup_s, "seq": self.seq, "batch": self.batch,
                    "dtype": "bf16", "device": self.dev.type, "ms_per_step": ms, "tokens_per_step": tokens,
                    "row_tokens": rows, "samples": samples, "tokens_per_s": rate, "full_row_flops_per_token": per_token,
                    "flops_per_step": flops, "mfu": flops / (ms / 1e3) / self.peak if self.peak else None,
@@ -248,7 +257,7 @@ class Stages:
     def _profiled(self, accum: int):
         from torch.profiler import ProfilerActivity, profile
 
-        model = build_model(self.preset("bert-large"), self.dev)
+        model = build_model(self.preset("bert-large"), self.dev, "off" if self.dev.type == "cpu" else "on")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=self.dev.type == "cuda")
         batches = self.batches(model, "full", n=accum)
         self.train_step(model, opt, batches)  # warm-up (kernel choice, allocator)
@@ -307,15 +316,25 @@ class Stages:
                    "idle_fraction": (span - busy) / span})
 
     def run(self):
+        stages = []
         if self.args.part in ("core", "all"):
-            for mix in ("full", "short10", "packed"):
-                self.model_step("bert-large", mix)
-            self.profile()
-            self.idle()
+            stages += [(self.model_step, ("bert-large", mix)) for mix in ("full", "short10", "packed")]
+            # model.compile: on (the CUDA default) against the eager steps above
+            stages += [(self.model_step, ("bert-large", mix, "on")) for mix in ("full", "packed")]
+            stages += [(self.profile, ()), (self.idle, ())]
         if self.args.part in ("others", "all"):
-            self.model_step("roberta-large", "packed")
-            self.model_step("albert-xxlarge", "full")
-            self.model_step("electra-large", "full")
+            stages += [(self.model_step, ("roberta-large", "packed")), (self.model_step, ("albert-xxlarge", "full")),
+                       (self.model_step, ("electra-large", "full"))]
+        failures = 0
+        for fn, args in stages:
+            try:
+                fn(*args)
+            except Exception as err:  # one broken stage must not cost the others on an unattended first run
+                failures += 1
+                self.emit({"stage": fn.__name__, "args": list(args), "failed": f"{type(err).__name__}: {err}"[:2000]})
+                if self.dev.type == "cuda":
+                    torch.cuda.empty_cache()
+        return failures
 
 
 def main(argv=None) -> None:
@@ -323,7 +342,8 @@ def main(argv=None) -> None:
     if not args.smoke and not torch.cuda.is_available():
         raise SystemExit("bench/model_stages.py needs a CUDA GPU; --smoke runs it on the CPU")
     torch.backends.cuda.matmul.allow_tf32 = True
-    Stages(args).run()
+    if Stages(args).run():
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,12 @@ class ModelConfig(BaseModel):
     unpad: bool = False
     """Drop padding tokens before the layers: linear layers see only real tokens; attention runs variable-length
     (flash-attn or nested tensors on GPU, a padded fallback on CPU). Hidden states at padding positions are 0."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """torch.compile (inductor) of each layer's elementwise work: the feed-forward block (GEMM, activation, dropout,
+    residual, LayerNorm) and the attention output block (projection, dropout, residual, LayerNorm); attention itself
+    stays on its own kernels (flash / SDPA). auto: on for CUDA (not under ZeRO-3, whose parameter hooks dynamo
+    would trace), off on the CPU; on: also on the CPU (inductor's C++ backend; compiling takes tens of seconds);
+    off: eager. The compiled and eager layers share parameters and state-dict keys: checkpoints are the same."""
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":

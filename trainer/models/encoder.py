@@ -74,6 +74,7 @@ class Attention(nn.Module):
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.attention_dropout = cfg.attention_dropout
+        self._compiled = None  # torch.compile of self.output (compile_layers); not a submodule, not in state_dict
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         """x [B, T, H]; key_mask [B, 1, 1, T] bool (True = real token) or None (no padding)."""
@@ -82,13 +83,17 @@ class Attention(nn.Module):
         ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
                                              dropout_p=self.attention_dropout if self.training else 0.0)
         ctx = ctx.transpose(1, 2).reshape(batch, seqlen, width)
-        return self.norm(x + self.dropout(self.out(ctx)))
+        return (self._compiled or self.output)(x, ctx)
 
     def forward_packed(self, x: torch.Tensor, packing: Packing) -> torch.Tensor:
         """x [N, H] real tokens only (see kernels.pack)."""
         n, width = x.shape
         qkv = self.qkv(x).view(n, 3, self.heads, self.head_dim)
         ctx = varlen_attention(qkv, packing, self.attention_dropout if self.training else 0.0).reshape(n, width)
+        return (self._compiled or self.output)(x, ctx)
+
+    def output(self, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        """Output projection, dropout, residual, post-LayerNorm: the part ``compile_layers`` compiles."""
         return self.norm(x + self.dropout(self.out(ctx)))
 
 
@@ -102,8 +107,12 @@ class FeedForward(nn.Module):
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.act = activation_fn(cfg.hidden_act)
+        self._compiled = None  # torch.compile of self.block (compile_layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self._compiled or self.block)(x)
+
+    def block(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(x + self.dropout(self.outer(self.act(self.inner(x)))))
 
 
@@ -156,8 +165,28 @@ class Encoder(nn.Module):
         mask = attention_mask.long()
         return torch.cumsum(mask, dim=1) * mask + (offset - 1)
 
+    def compile_layers(self, enable: bool = True) -> bool:
+        """Compile (or, with ``enable=False``, un-compile) every layer's feed-forward and attention-output blocks with
+        ``torch.compile(dynamic=True)``: one graph each, reused for any batch shape (packed rows change the token
+        count every batch). Returns whether they are compiled. Called by the first forward per ``cfg.compile``."""
+        self._compile_decided = True
+        for module in (*self.attention, *self.ffn):
+            fn = module.output if isinstance(module, Attention) else module.block
+            module._compiled = torch.compile(fn, dynamic=True) if enable else None
+        return enable
+
+    def _decide_compile(self, device: torch.device) -> None:
+        mode = self.cfg.compile
+        zero3 = any(hasattr(p, "ds_id") for p in self.parameters())  # DeepSpeed ZeRO-3 partitioned parameters
+        if mode == "on" and zero3:
+            raise ValueError("model.compile: on is not supported under ZeRO-3 (dynamo would trace DeepSpeed's "
+                             "parameter-gathering hooks): use model.compile: auto or off, or ZeRO stage 0-2")
+        self.compile_layers(mode == "on" or (mode == "auto" and device.type == "cuda" and not zero3))
+
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, extra_ids=None, pack_ids=None,
                 packing: Packing | None = None) -> torch.Tensor:
+        if not getattr(self, "_compile_decided", False):
+            self._decide_compile(input_ids.device)
         if pack_ids is not None:
             attention_mask = (pack_ids != 0).long()
         if packing is not None and (packing.batch, packing.seqlen) != tuple(input_ids.shape):
