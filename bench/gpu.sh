@@ -18,13 +18,18 @@
 # RoBERTa-large packed, ALBERT-xxlarge, ELECTRA-large. BUDGET_S (480) bounds the run after the HF comparison: a stage
 # past it writes {"stage": ..., "skipped": ...}; the trainer step is cut by `timeout` at the budget.
 #
-# Status: NOT RUN ON A GPU YET (no GPU was lent to the sessions so far; `SMOKE=1` runs in the test suite); the
-# figures belong in BENCHMARKS.md under "## Model step" once someone runs it on a GPU.
+# Every stage runs under `timeout` until BENCH_DEADLINE (start + BUDGET_S) and logs "[time] stage: start" first, so a
+# stage that hangs costs the stages after it, not the whole run's output: give the caller's own limit BUDGET_S + 60 s.
+#
+# Status: one attempt on an H200 (2026-12-04, before the per-stage timeouts) ran past its 590 s limit and returned no
+# output, so no figure exists yet; what hung is unknown. `SMOKE=1` runs in the test suite. The figures belong in
+# BENCHMARKS.md under "## Model step" once a run completes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${1:-}" = "--cpu-smoke" ] && export SMOKE=1
 # Stages after the environment line respect an overall budget (BUDGET_S, 8 minutes): past it they write a "skipped" line
 export BENCH_DEADLINE="${BENCH_DEADLINE:-$(( $(date +%s) + ${BUDGET_S:-480} ))}"
+export PYTHONUNBUFFERED=1  # a stage cut by its timeout still leaves every line it printed
 export STEPS="${STEPS:-20}" BATCH_TOKENS="${BATCH_TOKENS:-8192}" SMOKE="${SMOKE:-0}"
 # A bare node (Python + torch + transformers + triton, no network): what else the trainer step needs is installed from
 # the wheels `make gpu-wheels` put in $WHEELS, with --no-index, into $SITE (prepended to PYTHONPATH; nothing else
@@ -34,6 +39,18 @@ case "$SITE" in /*) ;; *) SITE="$PWD/$SITE" ;; esac
 NEEDED="pydantic pydantic-core annotated-types typing-extensions typing-inspection hjson msgpack ninja einops psutil
         py-cpuinfo tqdm deepspeed megatron-core"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# The interpreter that has torch: $PYTHON, else python, else python3 (GPU images often have only python3, and a
+# symlink named python to a venv's python3 loses the venv). A function, so every `python` below uses it.
+for candidate in ${PYTHON:-} python python3; do
+    if command -v "$candidate" >/dev/null && "$candidate" -c "import torch" >/dev/null 2>&1; then
+        PYTHON="$(command -v "$candidate")"
+        break
+    fi
+done
+[ -n "${PYTHON:-}" ] || { echo "no python with torch on PATH (tried \$PYTHON, python, python3)"; exit 2; }
+python() { "$PYTHON" "$@"; }
+left() { echo $(( BENCH_DEADLINE - $(date +%s) )); }
+note() { echo "[$(date +%T)] $*" | tee -a "${OUT:-/tmp}/gpu_bench.txt"; }
 if ! python -c "import pydantic, deepspeed, megatron.core" >/dev/null 2>&1; then
     if [ -d "$WHEELS" ]; then
         start=$(date +%s)
@@ -51,7 +68,17 @@ failed() {
     echo "{\"stage\": \"$1\", \"failed\": $2}" | tee -a "${OUT:-/tmp}/gpu_bench.jsonl" "${OUT:-/tmp}/gpu_bench.txt"
     FAILED=1
 }
-python - <<'PY' 2>&1 | tee "${OUT:-/tmp}/gpu_bench.txt" || failed hf_comparison $?
+# started(NAME): log the start, or write {"stage": NAME, "skipped": ...} and answer false when the budget is spent
+started() {
+    if [ "$(left)" -le 0 ]; then
+        echo "{\"stage\": \"$1\", \"skipped\": \"time budget (BUDGET_S) spent\"}" \
+            | tee -a "${OUT:-/tmp}/gpu_bench.jsonl" "${OUT:-/tmp}/gpu_bench.txt"
+        return 1
+    fi
+    note "$1: start ($(left) s of the budget left)"
+}
+started hf_comparison && { timeout -k 10 "$(left)" "$PYTHON" - <<'PY' 2>&1 | tee -a "${OUT:-/tmp}/gpu_bench.txt" \
+    || failed hf_comparison $?; }
 import os
 import time
 
@@ -160,7 +187,11 @@ measured = bf16_peak()
 print(f"measured bf16 matmul peak: {measured / 1e12:.1f} TFLOP/s; MFU below against "
       f"{'the datasheet: %.1f TFLOP/s' % (SHEET / 1e12) if SHEET else 'the measured peak (GPU not in PEAK_TFLOPS)'}")
 peak = SHEET or measured
+DEADLINE = float(os.environ["BENCH_DEADLINE"])
 for seq, padding in ((SEQS[0], 0.0), (SEQS[1], 0.0), (SEQS[1], 0.5)):
+    if time.time() >= DEADLINE:
+        print(f"{LARGE} seq {seq} padding {padding:.0%}: skipped (time budget spent)", flush=True)
+        continue
     batch = BATCH_TOKENS // seq
     preds = round(0.15 * seq)
     for unpad in ((False, True) if padding else (False,)):
@@ -223,14 +254,15 @@ for seq, padding in ((SEQS[0], 0.0), (SEQS[1], 0.0), (SEQS[1], 0.5)):
 PY
 # The bare model step of BERT-large seq 512 bf16 on full, 10 % short and packed rows (packing metadata as the trainer
 # feeds it), one profiled step's kernel split and attention kernels, device idle time at accumulation 4.
-python bench/model_stages.py --part core --deadline "$BENCH_DEADLINE" $([ "$SMOKE" = 1 ] && echo --smoke) \
-    --jsonl "${OUT:-/tmp}/gpu_bench.jsonl" 2>&1 | grep -v "^USDT" | tee -a "${OUT:-/tmp}/gpu_bench.txt" \
-    || failed model_stages_core $?
+started model_stages_core && { timeout -k 10 "$(left)" "$PYTHON" bench/model_stages.py --part core \
+    --deadline "$BENCH_DEADLINE" $([ "$SMOKE" = 1 ] && echo --smoke) --jsonl "${OUT:-/tmp}/gpu_bench.jsonl" 2>&1 \
+    | grep -v "^USDT" | tee -a "${OUT:-/tmp}/gpu_bench.txt" || failed model_stages_core $?; }
 # The trainer's step (DeepSpeed bf16 engine at ZeRO-1 and ZeRO-2, accumulation 1 and 4, AdamW and LAMB, + trainer.loop)
 # against the bare model step; one JSON line per configuration in $OUT/gpu_bench.jsonl.
 if python -c "import deepspeed, pydantic" >/dev/null 2>&1; then
     left=$(( BENCH_DEADLINE - $(date +%s) ))
-    if [ "$left" -gt 0 ] && timeout "$left" python bench/trainer_step.py $([ "$SMOKE" = 1 ] && echo --smoke) \
+    [ "$left" -gt 0 ] && note "trainer_step: start ($left s left)"
+    if [ "$left" -gt 0 ] && timeout -k 10 "$left" "$PYTHON" bench/trainer_step.py $([ "$SMOKE" = 1 ] && echo --smoke) \
         --jsonl "${OUT:-/tmp}/gpu_bench.jsonl" > >(grep -v "^\[20" | tee -a "${OUT:-/tmp}/gpu_bench.txt") 2>&1; then
         :
     else
@@ -247,7 +279,7 @@ else
         | tee -a "${OUT:-/tmp}/gpu_bench.txt"
 fi
 # If time is left: RoBERTa-large packed, ALBERT-xxlarge, ELECTRA-large (a "skipped" line each when it is not).
-python bench/model_stages.py --part others --deadline "$BENCH_DEADLINE" $([ "$SMOKE" = 1 ] && echo --smoke) \
-    --jsonl "${OUT:-/tmp}/gpu_bench.jsonl" 2>&1 | grep -v "^USDT" | tee -a "${OUT:-/tmp}/gpu_bench.txt" \
-    || failed model_stages_others $?
+started model_stages_others && { timeout -k 10 "$(left)" "$PYTHON" bench/model_stages.py --part others \
+    --deadline "$BENCH_DEADLINE" $([ "$SMOKE" = 1 ] && echo --smoke) --jsonl "${OUT:-/tmp}/gpu_bench.jsonl" 2>&1 \
+    | grep -v "^USDT" | tee -a "${OUT:-/tmp}/gpu_bench.txt" || failed model_stages_others $?; }
 exit "$FAILED"
