@@ -19,11 +19,14 @@ $(VENV)/.stamp: setup.py
 	$(BIN)/pip install -q -e ".[dev,hf,mpi,plot,eval]"
 	touch $@
 
+# Two pytest-xdist workers; each module stays on one worker and the Slurm modules share one (tests/conftest.py)
+XDIST = -n 2 --dist loadgroup
+
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 test-fast: venv
-	$(BIN)/python -m pytest -q -m "not slow and not slurm and not multiproc"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not slurm and not multiproc"
 
 quickstart: venv
 	bash scripts/quickstart.sh

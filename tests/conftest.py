@@ -42,9 +42,16 @@ def zh_corpus() -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` run where torch sees a CUDA GPU and are skipped elsewhere."""
+    """Tests marked ``gpu`` run where torch sees a CUDA GPU and are skipped elsewhere.
+
+    Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) each module's tests stay on one worker, so a
+    module-scoped fixture (a prepared corpus, reference runs) is built once, not once per worker; the Slurm modules
+    share one group because they share the one test cluster (tests/slurm_cluster.py)."""
     import torch
 
+    for item in items:
+        group = "slurm" if item.get_closest_marker("slurm") is not None else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")

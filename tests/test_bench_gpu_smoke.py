@@ -13,16 +13,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow  # the whole script with tiny shapes, 8 timed configurations (~25 s alone)
-def test_gpu_bench_script_runs_end_to_end_on_cpu(tmp_path):
-    # the GPU machine has torch and transformers but no deepspeed or megatron-core: the script must not need them
-    for name in ("deepspeed", "megatron"):
-        (tmp_path / "absent" / name).mkdir(parents=True)
-        (tmp_path / "absent" / name / "__init__.py").write_text(f"raise ImportError('no {name} on the GPU machine')")
-    env = dict(os.environ, SMOKE="1", OUT=str(tmp_path), PYTHONPATH=str(tmp_path / "absent"),
-               WHEELS=str(tmp_path / "no_wheels"))
-    proc = subprocess.run(["bash", "bench/gpu.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def check_gpu_sh_output(tmp_path):
+    """The printout and JSON lines of one `bash bench/gpu.sh --cpu-smoke` run in ``tmp_path`` (its $OUT)."""
     out = (tmp_path / "gpu_bench.txt").read_text()
     diff = float(re.search(r"fp32 logits vs HF on cpu: max \|diff\| (\S+)", out).group(1))
     assert diff < 1e-4, out  # the script's own correctness check against Hugging Face passes
@@ -101,16 +93,12 @@ def test_model_stages_past_the_deadline_write_a_skipped_line_each(tmp_path):
     assert {(r["preset"], r["mix"], r["compile"]) for r in records if r["stage"] == "model_step"} == STAGE_PRESETS
 
 
-@pytest.mark.slow
-def test_trainer_step_bench_runs_on_cpu(tmp_path):
+def check_trainer_step_lines(records):
     """bench/trainer_step.py (what gpu.sh runs when deepspeed is importable): the bf16 engine at ZeRO-1 and ZeRO-2,
     accumulation 1 and 4, AdamW and LAMB, through the trainer's train_step, tiny shapes on the CPU; one JSON line per
     configuration (syncs per step are null on a CPU: torch.cuda.set_sync_debug_mode needs CUDA)."""
-    jsonl = tmp_path / "bench.jsonl"
-    proc = subprocess.run([sys.executable, "bench/trainer_step.py", "--smoke", "--jsonl", str(jsonl)], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    records = records[[r.get("stage") == "model_step" and "mix" not in r for r in records].index(True):]
+    records = [r for r in records if r["stage"] in ("model_step", "trainer_step") and "mix" not in r]
     assert records[0]["stage"] == "model_step"
     model = records[0]["loss"]
     steps = [r for r in records if r["stage"] == "trainer_step"]
@@ -137,15 +125,18 @@ FROM_WHEELS = ("pydantic", "pydantic_core", "annotated_types", "typing_inspectio
 def test_cpu_smoke_installs_from_the_wheels_folder_and_runs_every_stage(tmp_path):
     """``bash bench/gpu.sh --cpu-smoke`` with pydantic, DeepSpeed, megatron-core and their requirements unimportable:
     the script installs them from the wheels folder (pip --no-index, ``make gpu-wheels``) and runs the model step and
-    every trainer-step configuration. What it cannot show: that nothing else of this venv (numpy, yaml, tokenizers,
-    which transformers brings on the GPU node too) is needed; and the cp312 wheels themselves (this is CPython
-    3.11: the folder holds both)."""
+    every trainer-step configuration; the HF check, the printed arithmetic, every model_stages line and the
+    trainer-step losses are checked on that one run (three separate runs before). What it cannot show: that nothing
+    else of this venv (numpy, yaml, tokenizers, which transformers brings on the GPU node too) is needed; and the
+    cp312 wheels themselves (this is CPython 3.11: the folder holds both)."""
     wheels = REPO / "bench" / "out" / "wheels"
+    skip = None
     if not any(wheels.glob("deepspeed-*.whl")):
         proc = subprocess.run(["bash", "bench/gpu_wheels.sh", str(wheels)], cwd=REPO, capture_output=True, text=True,
                               timeout=900)
-        if proc.returncode != 0:
-            pytest.skip(f"make gpu-wheels failed (no network?): {proc.stderr[-500:]}")
+        if proc.returncode != 0:  # no network: still run the script without them (model stages, no trainer step)
+            skip = f"make gpu-wheels failed (no network?): {proc.stderr[-500:]}"
+            wheels = tmp_path / "no_wheels"
     absent = tmp_path / "absent"
     for name in FROM_WHEELS:
         (absent / name).mkdir(parents=True)
@@ -154,9 +145,14 @@ def test_cpu_smoke_installs_from_the_wheels_folder_and_runs_every_stage(tmp_path
     proc = subprocess.run(["bash", "bench/gpu.sh", "--cpu-smoke"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if skip:
+        check_gpu_sh_output(tmp_path)
+        pytest.skip(skip)
     assert "installed from" in proc.stdout and any((tmp_path / "site").glob("deepspeed*")), proc.stdout[-2000:]
     records = [json.loads(line) for line in (tmp_path / "gpu_bench.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in records].count("trainer_step") == 8, records
+    check_gpu_sh_output(tmp_path)  # the HF check, the ratio arithmetic and every model_stages line
+    check_trainer_step_lines(records)  # bench/trainer_step.py's configurations and losses
 
 
 def test_model_stages_count_each_rows_flops_at_its_own_length():
