@@ -137,6 +137,7 @@ class Encoder(nn.Module):
         n_ffn = 1 if cfg.sharing in ("all", "ffn") else cfg.num_layers
         self.attention = nn.ModuleList(Attention(cfg) for _ in range(n_attention))
         self.ffn = nn.ModuleList(FeedForward(cfg) for _ in range(n_ffn))
+        self._compile_decided = False  # cfg.compile is applied at the first forward, when the device is known
         self.apply(lambda m: init_weights(m, cfg))
         if cfg.padded_vocab_size > cfg.vocab_size and self.embeddings.word.weight.device.type != "meta":
             with torch.no_grad():  # padding rows: zero, and kept zero (no id looks them up, no logit is used)
@@ -185,7 +186,7 @@ class Encoder(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, extra_ids=None, pack_ids=None,
                 packing: Packing | None = None) -> torch.Tensor:
-        if not getattr(self, "_compile_decided", False):
+        if not self._compile_decided:
             self._decide_compile(input_ids.device)
         if pack_ids is not None:
             attention_mask = (pack_ids != 0).long()
