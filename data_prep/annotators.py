@@ -111,7 +111,7 @@ class GazetteerAnnotator:
     def __init__(self, path: str | Path, lowercase: bool = False):
         import ahocorasick
 
-        self.spec = f"gazetteer:{path}"
+        self.spec = f"gazetteer{'-lower' if lowercase else ''}:{path}"  # make_annotator(spec) rebuilds it
         self.lowercase = lowercase
         self._auto = ahocorasick.Automaton()
         path = Path(path)

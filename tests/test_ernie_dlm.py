@@ -145,3 +145,40 @@ def test_role_embeddings_trained_only_by_dlm_batches_segment_only_by_mlm():
     assert seg > 0.0 and role == 0.0 and "dlm_loss" not in metrics
     with pytest.raises(ValueError, match="segment_alternatives"):
         obj.heads(get_preset("tiny"))
+
+
+def test_cached_dialogues_equal_the_in_memory_ones_and_are_built_once(zh, tmp_path, monkeypatch):
+    """The trainer's path (``cache``): the first open tokenizes and annotates (here in a pool of 2 spawned workers)
+    and writes the cache file, the next opens map it without reading the jsonl again; turns, roles and spans equal
+    the in-memory build's. Another dialogue file content makes another cache file."""
+    import trainer.ernie.dlm as dlm
+    from trainer.data.cache_file import CachePolicy, is_mapped
+
+    tok, tok_dir, path = zh
+    ref = DialogueFile(path, tok, annotator="jieba", tokenizer_dir=tok_dir)
+    assert sum(len(s) for d in range(len(ref)) for s in ref.spans[d]) > 50
+    monkeypatch.setattr(dlm, "PARALLEL_MIN_TURNS", 10)  # checked in this process: the pool path for 60 dialogues
+    reads = []
+    real_read = dlm._read_dialogues
+    monkeypatch.setattr(dlm, "_read_dialogues", lambda *a: reads.append(a) or real_read(*a))
+    cache = CachePolicy(tmp_path / "cache")
+    first = DialogueFile(path, tok, annotator="jieba", tokenizer_dir=tok_dir, cache=cache, workers=2)
+    again = DialogueFile(path, tok, annotator="jieba", tokenizer_dir=tok_dir, cache=cache, workers=2)
+    assert len(reads) == 1 and len(list((tmp_path / "cache").glob("dialogues-*.bfc"))) == 1
+    assert is_mapped(again._tokens) and again.skipped == ref.skipped == 1
+    for got in (first, again):
+        assert len(got) == len(ref) == 60
+        for d in range(len(ref)):
+            assert got.roles[d].tolist() == ref.roles[d].tolist()
+            assert [t.tolist() for t in got.turns[d]] == [t.tolist() for t in ref.turns[d]]
+            assert [s.tolist() for s in got.spans[d]] == [s.tolist() for s in ref.spans[d]]
+    rng_a, rng_b = np.random.default_rng(3), np.random.default_rng(3)
+    for i in range(50):  # the samples drawn from them, fake turns included
+        a, b = dlm_sample(ref, i, rng_a, 64, tok.cls_id, tok.sep_id), dlm_sample(again, i, rng_b, 64, tok.cls_id,
+                                                                                   tok.sep_id)
+        assert all(np.array_equal(a[k], b[k]) for k in ("input_ids", "role_ids", "spans")) and a["source"] == b["source"]
+    other = tmp_path / "other.jsonl"
+    other.write_text(path.read_text(encoding="utf-8") + json.dumps({"turns": ["再来一轮", "好的"]}, ensure_ascii=False)
+                     + "\n", encoding="utf-8")
+    assert len(DialogueFile(other, tok, annotator="jieba", tokenizer_dir=tok_dir, cache=cache)) == 61
+    assert len(list((tmp_path / "cache").glob("dialogues-*.bfc"))) == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 from data_prep.annotate import make_annotator
 from data_prep.manifest import tokenizer_dir
 from data_prep.tokenizer import load_tokenizer
+from trainer.data.dataset import cache_policy
 from trainer.data.loader import build_dataloader
 from trainer.ernie.continual import ContinualPlan, EvalPlan
 from trainer.ernie.data import ErnieCollator, KnowledgeMaskedDataset, MultiTaskDataset
@@ -40,8 +41,11 @@ def build_dataset(cfg, tokenizer, objective, split: str = "train", global_batch:
     dialogues, dlm = None, opt.dlm
     path = None if dlm is None else dlm.path if split == "train" else dlm.valid_path
     if path is not None:
-        annotator = make_annotator(dlm.annotate) if dlm.annotate else None
-        dialogues = DialogueFile(path, tokenizer, annotator, tokenizer.path if annotator else None)
+        if dlm.annotate:
+            make_annotator(dlm.annotate)  # a bad spec fails here, on every rank, before any waiting
+        cache = cache_policy(cfg.data)
+        dialogues = DialogueFile(path, tokenizer, dlm.annotate, tokenizer.path if dlm.annotate else None,
+                                 cache=cache, workers=cache.workers)
     dataset = KnowledgeMaskedDataset(cfg.data, tokenizer, cfg.seed, split, opt.knowledge_masking, G, dialogues,
                                 dlm.every if dialogues else 0, dlm.num_turns if dlm else 3,
                                 dlm.fake_prob if dlm else 0.5)

@@ -14,6 +14,7 @@ the paper describes. Knowledge masking applies inside turns (spans from an annot
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Sequence
@@ -25,67 +26,171 @@ from trainer.ernie.knowledge_masking import KnowledgeMaskingConfig, knowledge_ma
 ROLES = {"Q": 0, "R": 1}
 
 
+DIALOGUE_CACHE_VERSION = 1
+PARALLEL_MIN_TURNS = 2048
+"""Annotate in a pool of ``workers`` processes only from this many turns on (a spawned worker costs ~1-2 s to start)."""
+
+
+def _read_dialogues(path: Path, min_turns: int) -> tuple[list[list[str]], list[list[int]], int]:
+    """(turn texts, roles, skipped) of a dialogue jsonl; a malformed line stops with its file and line number."""
+    texts: list[list[str]] = []
+    roles: list[list[int]] = []
+    skipped = 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                turns = json.loads(line)["turns"]
+                if not isinstance(turns, list):
+                    raise TypeError("turns is not a list")
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{where}: expected {{\"turns\": [...]}} ({e})") from None
+            if len(turns) < min_turns:
+                skipped += 1
+                continue
+            if all(isinstance(t, str) for t in turns):
+                roles.append([i % 2 for i in range(len(turns))])
+                texts.append(list(turns))
+            elif all(isinstance(t, dict) and t.get("role") in ROLES and isinstance(t.get("text"), str)
+                     for t in turns):
+                roles.append([ROLES[t["role"]] for t in turns])
+                texts.append([t["text"] for t in turns])
+            else:
+                raise ValueError(f"{where}: turns must all be strings, or all {{\"role\": \"Q\"|\"R\", "
+                                 "\"text\": ...}")
+    if not texts:
+        raise ValueError(f"{path}: no dialogue with at least {min_turns} turns")
+    return texts, roles, skipped
+
+
+def _annotate_part(spec: str, tokenizer_dir: str, texts: list[str], ids: list[list[int]]) -> list[np.ndarray]:
+    """Token spans of ``texts`` (one pool task: picklable arguments, the annotator built in the worker)."""
+    from data_prep.annotate import DocumentAnnotator, make_annotator
+
+    return DocumentAnnotator(make_annotator(spec), tokenizer_dir)(texts, ids)
+
+
+def _annotate(annotator, tokenizer_dir, flat: list[str], ids: list, workers: int) -> list[np.ndarray]:
+    """Per-turn token spans; with ``workers`` > 1 and many turns, in a spawned pool (jieba's part-of-speech HMM runs
+    at a few thousand characters per second on text outside its dictionary: one process would keep every rank of a
+    job waiting for minutes on a large dialogue file)."""
+    if isinstance(annotator, str):
+        from data_prep.annotate import make_annotator
+
+        annotator = make_annotator(annotator)
+    if workers > 1 and len(flat) >= PARALLEL_MIN_TURNS:
+        import multiprocessing as mp
+
+        parts = min(len(flat), workers * 4)
+        bounds = np.linspace(0, len(flat), parts + 1).astype(int)
+        with mp.get_context("spawn").Pool(workers) as pool:
+            jobs = [pool.apply_async(_annotate_part, (annotator.spec, str(tokenizer_dir), flat[a:b], ids[a:b]))
+                    for a, b in zip(bounds[:-1], bounds[1:])]
+            return [spans for job in jobs for spans in job.get()]
+    from data_prep.annotate import DocumentAnnotator
+
+    return DocumentAnnotator(annotator, tokenizer_dir)(flat, ids)
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _annotator_key(spec: str | None) -> dict | None:
+    """The annotator's part of the cache key: its spec and, for gazetteer/jsonl specs, the content of its file."""
+    if spec is None:
+        return None
+    _, _, arg = spec.partition(":")
+    return {"spec": spec, "file": _file_sha256(Path(arg)) if arg and Path(arg).is_file() else None}
+
+
 class DialogueFile:
-    """Dialogues tokenized at load: ``turns[d]`` list of int arrays, ``roles[d]`` int array, ``spans[d][t]`` [k, 3]
-    token spans (entity/phrase, see data_prep/annotate.py; empty without an annotator)."""
+    """A dialogue jsonl tokenized (and annotated): ``turns[d][t]`` the token ids of turn t of dialogue d, ``roles[d]``
+    its turns' roles, ``spans[d][t]`` [k, 3] token spans (entity/phrase, see data_prep/annotate.py; empty without
+    an annotator).
+
+    With a ``cache`` (``trainer.data.cache_file.CachePolicy``; the trainer passes ``data.cache_dir``'s), the
+    tokenized file is a cache file keyed by the dialogue file's content, the tokenizer's fingerprint and the
+    annotator (spec and file): the builder rank (global rank 0) tokenizes and annotates once, with ``workers``
+    processes, and every rank and loader worker maps it (no private copy, nothing parsed again at the next launch).
+    Without one, the same arrays are built in memory. ``annotator``: an annotator object (``data_prep.annotate``)
+    or its spec string (``jieba``, ``gazetteer:FILE``, ...)."""
 
     def __init__(self, path: str | Path, tokenizer, annotator=None, tokenizer_dir: str | Path | None = None,
-                 min_turns: int = 2):
+                 min_turns: int = 2, cache=None, workers: int = 1):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"dialogue file {path} not found (objective.dlm.path)")
-        texts: list[list[str]] = []
-        self.roles: list[np.ndarray] = []
-        skipped = 0
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    turns = json.loads(line)["turns"]
-                    if not isinstance(turns, list):
-                        raise TypeError("turns is not a list")
-                except (json.JSONDecodeError, KeyError, TypeError) as e:
-                    raise ValueError(f"{where}: expected {{\"turns\": [...]}} ({e})") from None
-                if len(turns) < min_turns:
-                    skipped += 1
-                    continue
-                if all(isinstance(t, str) for t in turns):
-                    roles = [i % 2 for i in range(len(turns))]
-                    text = list(turns)
-                elif all(isinstance(t, dict) and t.get("role") in ROLES and isinstance(t.get("text"), str)
-                         for t in turns):
-                    roles = [ROLES[t["role"]] for t in turns]
-                    text = [t["text"] for t in turns]
-                else:
-                    raise ValueError(f"{where}: turns must all be strings, or all {{\"role\": \"Q\"|\"R\", "
-                                     "\"text\": ...}")
-                texts.append(text)
-                self.roles.append(np.asarray(roles, np.int64))
-        if not texts:
-            raise ValueError(f"{path}: no dialogue with at least {min_turns} turns")
-        self.skipped = skipped
-        flat = [t for d in texts for t in d]
-        ids = tokenizer.encode_batch(flat)
-        if annotator is not None:
-            from data_prep.annotate import DocumentAnnotator
+        self.path = path
+        spec = annotator if isinstance(annotator, str) or annotator is None else annotator.spec
 
-            flat_spans = DocumentAnnotator(annotator, tokenizer_dir)(flat, ids)
+        def build() -> tuple[dict[str, np.ndarray], dict]:
+            texts, roles, skipped = _read_dialogues(path, min_turns)
+            flat = [t for d in texts for t in d]
+            ids = tokenizer.encode_batch(flat)
+            if annotator is not None:
+                flat_spans = _annotate(annotator, tokenizer_dir, flat, ids, workers)
+            else:
+                flat_spans = [np.zeros((0, 3), np.int32)] * len(flat)
+            lengths = np.fromiter((len(x) for x in ids), np.int64, len(ids))
+            n_spans = np.fromiter((len(s) for s in flat_spans), np.int64, len(flat_spans))
+            arrays = {
+                "tokens": np.fromiter((i for x in ids for i in x), np.int32, int(lengths.sum())),
+                "turn_bounds": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                "dialogue_bounds": np.concatenate([[0], np.cumsum([len(d) for d in texts])]).astype(np.int64),
+                "roles": np.fromiter((r for rs in roles for r in rs), np.int8, len(flat)),
+                "spans": (np.concatenate(flat_spans).astype(np.int32) if n_spans.sum()
+                          else np.zeros((0, 3), np.int32)),
+                "span_bounds": np.concatenate([[0], np.cumsum(n_spans)]).astype(np.int64),
+            }
+            return arrays, {"path": str(path), "skipped": skipped}
+
+        if cache is None:
+            arrays, meta = build()
         else:
-            flat_spans = [np.zeros((0, 3), np.int32)] * len(flat)
-        self.turns, self.spans = [], []
-        k = 0
-        for d in texts:
-            self.turns.append([np.asarray(x, np.int64) for x in ids[k:k + len(d)]])
-            self.spans.append(flat_spans[k:k + len(d)])
-            k += len(d)
+            from trainer.data.cache_file import CacheWriter, code_hash, ensure, settings_hash
+
+            key = settings_hash({"version": DIALOGUE_CACHE_VERSION, "code": code_hash([__file__]),
+                                 "file": _file_sha256(path), "tokenizer": tokenizer.fingerprint,
+                                 "annotator": _annotator_key(spec), "min_turns": min_turns})
+            out = Path(cache.dir) / f"dialogues-{path.stem}-{key}.bfc"
+
+            def write(target: Path) -> None:
+                arrays, meta = build()
+                layout = [(name, a.dtype.str, a.shape[1:]) for name, a in arrays.items()]
+                with CacheWriter(target, "dialogues", key, layout) as w:
+                    for name, a in arrays.items():
+                        w.append(name, a)
+                    w.commit(meta)
+
+            arrays, meta = ensure(out, "dialogues", key, write, cache, f"the tokenized dialogues of {path}")
+        self.skipped = int(meta["skipped"])
+        self._tokens, self._turn_bounds = arrays["tokens"], arrays["turn_bounds"]
+        self._dialogue_bounds, self._roles = arrays["dialogue_bounds"], arrays["roles"]
+        self._spans, self._span_bounds = arrays["spans"], arrays["span_bounds"]
+        self.turns = _PerDialogue(self, self._turn)
+        self.spans = _PerDialogue(self, self._turn_spans)
+        self.roles = _Roles(self)
         # role -> (dialogue, turn) of every turn, for drawing a fake turn of the same role
-        self._by_role = {r: np.array([(d, t) for d, rs in enumerate(self.roles) for t, x in enumerate(rs) if x == r],
-                                     np.int64).reshape(-1, 2) for r in ROLES.values()}
+        n_turns = np.diff(self._dialogue_bounds)
+        dialogue = np.repeat(np.arange(len(n_turns), dtype=np.int64), n_turns)
+        pairs = np.stack([dialogue, np.arange(len(dialogue), dtype=np.int64) - self._dialogue_bounds[dialogue]], 1)
+        self._by_role = {r: pairs[self._roles == r] for r in ROLES.values()}
+
+    def _turn(self, k: int) -> np.ndarray:
+        return self._tokens[self._turn_bounds[k]:self._turn_bounds[k + 1]]
+
+    def _turn_spans(self, k: int) -> np.ndarray:
+        return self._spans[self._span_bounds[k]:self._span_bounds[k + 1]]
 
     def __len__(self) -> int:
-        return len(self.turns)
+        return len(self._dialogue_bounds) - 1
 
     def random_turn(self, role: int, not_dialogue: int, rng: np.random.Generator) -> tuple[int, int]:
         pool = self._by_role[role]
@@ -96,6 +201,34 @@ class DialogueFile:
             if d != not_dialogue:
                 return int(d), int(t)
         raise ValueError("DLM needs at least two dialogues to draw fake turns from")
+
+
+class _PerDialogue:
+    """``x[d]``: the list of per-turn arrays of dialogue d (views of the mapped arrays)."""
+
+    def __init__(self, owner: DialogueFile, per_turn):
+        self._owner, self._per_turn = owner, per_turn
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    def __getitem__(self, d: int) -> list[np.ndarray]:
+        b = self._owner._dialogue_bounds
+        return [self._per_turn(k) for k in range(int(b[d]), int(b[d + 1]))]
+
+
+class _Roles:
+    """``roles[d]``: the roles of dialogue d's turns (Q = 0, R = 1)."""
+
+    def __init__(self, owner: DialogueFile):
+        self._owner = owner
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    def __getitem__(self, d: int) -> np.ndarray:
+        b = self._owner._dialogue_bounds
+        return self._owner._roles[b[d]:b[d + 1]]
 
 
 def _fit(lengths: list[int], budget: int) -> list[int]:
