@@ -155,15 +155,22 @@ def test_cached_dialogues_equal_the_in_memory_ones_and_are_built_once(zh, tmp_pa
     from trainer.data.cache_file import CachePolicy, is_mapped
 
     tok, tok_dir, path = zh
-    ref = DialogueFile(path, tok, annotator="jieba", tokenizer_dir=tok_dir)
+    texts = [t if isinstance(t, str) else t["text"] for line in open(path, encoding="utf-8")
+             for t in json.loads(line)["turns"]]
+    han = re.compile(r"[\u4e00-\u9fff]{2}")
+    bigrams = Counter(t[i:i + 2] for t in texts for i in range(len(t) - 1) if han.fullmatch(t[i:i + 2]))
+    gaz = tmp_path / "gaz.txt"
+    gaz.write_text("\n".join(w for w, _ in bigrams.most_common(12)) + "\n", encoding="utf-8")
+    spec = f"gazetteer:{gaz}"  # what the pool's workers rebuild the annotator from
+    ref = DialogueFile(path, tok, annotator=spec, tokenizer_dir=tok_dir)
     assert sum(len(s) for d in range(len(ref)) for s in ref.spans[d]) > 50
     monkeypatch.setattr(dlm, "PARALLEL_MIN_TURNS", 10)  # checked in this process: the pool path for 60 dialogues
     reads = []
     real_read = dlm._read_dialogues
     monkeypatch.setattr(dlm, "_read_dialogues", lambda *a: reads.append(a) or real_read(*a))
     cache = CachePolicy(tmp_path / "cache")
-    first = DialogueFile(path, tok, annotator="jieba", tokenizer_dir=tok_dir, cache=cache, workers=2)
-    again = DialogueFile(path, tok, annotator="jieba", tokenizer_dir=tok_dir, cache=cache, workers=2)
+    first = DialogueFile(path, tok, annotator=spec, tokenizer_dir=tok_dir, cache=cache, workers=2)
+    again = DialogueFile(path, tok, annotator=spec, tokenizer_dir=tok_dir, cache=cache, workers=2)
     assert len(reads) == 1 and len(list((tmp_path / "cache").glob("dialogues-*.bfc"))) == 1
     assert is_mapped(again._tokens) and again.skipped == ref.skipped == 1
     for got in (first, again):
@@ -180,5 +187,5 @@ def test_cached_dialogues_equal_the_in_memory_ones_and_are_built_once(zh, tmp_pa
     other = tmp_path / "other.jsonl"
     other.write_text(path.read_text(encoding="utf-8") + json.dumps({"turns": ["再来一轮", "好的"]}, ensure_ascii=False)
                      + "\n", encoding="utf-8")
-    assert len(DialogueFile(other, tok, annotator="jieba", tokenizer_dir=tok_dir, cache=cache)) == 61
+    assert len(DialogueFile(other, tok, annotator=spec, tokenizer_dir=tok_dir, cache=cache)) == 61
     assert len(list((tmp_path / "cache").glob("dialogues-*.bfc"))) == 2
