@@ -181,11 +181,12 @@ def test_cached_dialogues_equal_the_in_memory_ones_and_are_built_once(zh, tmp_pa
             assert [s.tolist() for s in got.spans[d]] == [s.tolist() for s in ref.spans[d]]
     rng_a, rng_b = np.random.default_rng(3), np.random.default_rng(3)
     for i in range(50):  # the samples drawn from them, fake turns included
-        a, b = dlm_sample(ref, i, rng_a, 64, tok.cls_id, tok.sep_id), dlm_sample(again, i, rng_b, 64, tok.cls_id,
-                                                                                   tok.sep_id)
-        assert all(np.array_equal(a[k], b[k]) for k in ("input_ids", "role_ids", "spans")) and a["source"] == b["source"]
+        a = dlm_sample(ref, i, rng_a, 64, tok.cls_id, tok.sep_id)
+        b = dlm_sample(again, i, rng_b, 64, tok.cls_id, tok.sep_id)
+        assert a["source"] == b["source"]
+        assert all(np.array_equal(a[k], b[k]) for k in ("input_ids", "role_ids", "spans"))
     other = tmp_path / "other.jsonl"
-    other.write_text(path.read_text(encoding="utf-8") + json.dumps({"turns": ["再来一轮", "好的"]}, ensure_ascii=False)
-                     + "\n", encoding="utf-8")
+    extra = json.dumps({"turns": ["再来一轮", "好的"]}, ensure_ascii=False)
+    other.write_text(path.read_text(encoding="utf-8") + extra + "\n", encoding="utf-8")
     assert len(DialogueFile(other, tok, annotator=spec, tokenizer_dir=tok_dir, cache=cache)) == 61
     assert len(list((tmp_path / "cache").glob("dialogues-*.bfc"))) == 2
