@@ -44,7 +44,8 @@ setup(
         # bench/prep.py runs Megatron-LM's tools/preprocess_data.py as its baseline; its tokenizer module imports six
         "bench": ["transformers>=4.40", "six"],
         "eval": ["scikit-learn>=1.3", "scipy>=1.10"],  # GLUE metrics of python -m trainer.finetune
-        "dev": ["pytest>=7", "pytest-timeout", "pytest-xdist>=3.5", "matplotlib", "transformers>=4.40", "protobuf",
+        # pytest < 9.2: pytest-xdist 3.8 groups tests (--dist loadgroup) through an attribute pytest 9.2 renamed
+        "dev": ["pytest>=7,<9.2", "pytest-timeout", "pytest-xdist>=3.5", "matplotlib", "transformers>=4.40", "protobuf",
                 "scikit-learn>=1.3", "scipy>=1.10"],
     },
 )

@@ -41,12 +41,15 @@ def zh_corpus() -> Path:
     return ZH_CORPUS
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run where torch sees a CUDA GPU and are skipped elsewhere.
 
     Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) each module's tests stay on one worker, so a
     module-scoped fixture (a prepared corpus, reference runs) is built once, not once per worker; the Slurm modules
-    share one group because they share the one test cluster (tests/slurm_cluster.py)."""
+    share one group because they share the one test cluster (tests/slurm_cluster.py). The groups must be marked
+    before pytest-xdist's worker hook turns them into node-id suffixes (``tryfirst``): marked after it, they were
+    ignored, and a module's tests (and its module-scoped runs) were spread over both workers."""
     import torch
 
     for item in items:
@@ -58,3 +61,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+class _GroupCheck:
+    """After pytest-xdist's worker hook: under ``--dist loadgroup`` every node id must carry its group suffix. pytest
+    9.2 renamed the attribute pytest-xdist 3.8 writes it to, so the groups silently stopped working (setup.py pins
+    pytest below 9.2); this stops the run instead of letting two workers share a module's runs or the Slurm
+    cluster."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        if not config.getoption("loadgroup", False):
+            return
+        bare = [item.nodeid for item in items if "@" not in item.nodeid.rpartition("]")[2]]
+        if bare:
+            raise pytest.UsageError(f"pytest-xdist --dist loadgroup did not group {len(bare)} test(s) (first: "
+                                    f"{bare[0]}): this pytest-xdist does not work with pytest {pytest.__version__}; "
+                                    "install the versions setup.py's dev extra pins")
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_GroupCheck(), "bertfamily-group-check")
