@@ -126,6 +126,9 @@ def test_resume_on_any_rank_count_reads_what_an_uninterrupted_run_reads(dataset,
 
 
 def test_loader_batches_do_not_depend_on_workers_and_follow_the_contract(dataset, en_tokenizer):
+    from trainer.loop import _to_device
+    from trainer.models.kernels import pack
+
     collate = Collator(en_tokenizer.pad_id, 64, dataset.cfg.masking.max_predictions_per_seq)
     batches = {}
     for workers in (0, 2):
@@ -134,10 +137,21 @@ def test_loader_batches_do_not_depend_on_workers_and_follow_the_contract(dataset
         batches[workers] = list(loader)
     assert len(batches[0]) == 3
     for a, b in zip(batches[0], batches[2]):
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    b = batches[0][0]
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a if k != "packing")
+        assert torch.equal(a["packing"].indices, b["packing"].indices)
+        assert torch.equal(a["packing"].cu_seqlens, b["packing"].cu_seqlens)
+    b = batches[2][0]  # as a worker built it: compact dtypes and the packing, built in the worker
     B, T = b["input_ids"].shape
-    assert B == 4 and T <= 64 and all(v.dtype == torch.int64 for v in b.values())
+    assert {k: v.dtype for k, v in b.items() if k != "packing"} == {
+        "input_ids": torch.int32, "token_type_ids": torch.int8, "attention_mask": torch.int8,
+        "mlm_positions": torch.int32, "mlm_labels": torch.int32, "sentence_label": torch.int64}
+    want = pack(b["attention_mask"])
+    assert torch.equal(b["packing"].indices, want.indices) and torch.equal(b["packing"].cu_seqlens, want.cu_seqlens)
+    moved = _to_device(b, "cpu")  # what the loop gives the objectives: the contract's int64, the same values
+    assert all(moved[k].dtype == torch.int64 and torch.equal(moved[k], b[k].long()) for k in b if k != "packing")
+    assert moved["packing"].cu_seqlens.dtype == torch.int32  # flash-attn's dtype, kept
+    b = moved
+    assert B == 4 and T <= 64
     P = dataset.cfg.masking.max_predictions_per_seq
     assert b["mlm_positions"].shape == (B, P) and b["mlm_labels"].shape == (B, P)
     real = b["mlm_labels"] != -100
@@ -202,3 +216,24 @@ def test_a_corpus_prepared_with_another_vocabulary_is_refused(en_tokenizer, tmp_
     prefix = write_shards([[[5, 6], [7]], [[8, 9]]], tmp_path / "other", 999)
     with pytest.raises(ValueError, match="other.*vocabulary of 999.*tokenizer has 2000"):
         PretrainingDataset(data_config(prefix, cache_dir=str(tmp_path)), en_tokenizer, seed=0)
+
+
+def test_the_packing_built_in_the_workers_is_pinned_with_the_batch(monkeypatch):
+    """With ``pin_memory`` on (CUDA), the DataLoader pins every object of a batch that has ``pin_memory``: the
+    ``Packing`` must have one, or its tensors reach the device from pageable memory (a synchronous copy). This CPU
+    build cannot pin, so ``Tensor.pin_memory`` is replaced by a recorder: what it cannot see is real pinned memory
+    and the asynchronous copy on a GPU."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    from trainer.models.kernels import attach_packing
+
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: pinned.append(self) or self.clone())
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.int8)
+    batch = attach_packing({"input_ids": torch.ones(2, 3, dtype=torch.int32), "attention_mask": mask})
+    out = pin_memory(batch)
+    packing = batch["packing"]
+    assert any(t is packing.indices for t in pinned) and any(t is packing.cu_seqlens for t in pinned)
+    assert any(t is packing.mask for t in pinned) and any(t is batch["input_ids"] for t in pinned)
+    assert out["packing"].indices is not packing.indices and torch.equal(out["packing"].indices, packing.indices)
+    assert out["packing"].max_seqlen == 2 and out["packing"].batch == 2

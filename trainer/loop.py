@@ -77,12 +77,25 @@ class PreemptionFlag:
         self.signum = signum
 
 
+_NARROW_INTS = (torch.int8, torch.int16, torch.int32, torch.uint8)
+
+
 def _to_device(batch: dict, device) -> dict:
-    """The batch on ``device``, with its ``Packing`` computed first, on the host, where finding the real tokens
-    costs no device sync (``trainer.models.kernels.attach_packing``)."""
+    """The batch on ``device``, with its ``Packing`` computed first on the host if the collator did not (there
+    finding the real tokens costs no device sync: ``trainer.models.kernels.attach_packing``), and its compact integer
+    tensors (int32/int8 from the collators, ``trainer.data.loader``) widened to int64 after the copy, on the device:
+    the dtypes of DESIGN.md "Batches". The packing's own tensors keep theirs (flash-attn takes int32 cu_seqlens)."""
     from trainer.models.kernels import Packing, attach_packing
-    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) or isinstance(v, Packing) else v)
-            for k, v in attach_packing(batch).items()}
+
+    def move(v):
+        if isinstance(v, Packing):
+            return v.to(device, non_blocking=True)
+        if not torch.is_tensor(v):
+            return v
+        v = v.to(device, non_blocking=True)
+        return v.long() if v.dtype in _NARROW_INTS else v
+
+    return {k: move(v) for k, v in attach_packing(batch).items()}
 
 
 @dataclass

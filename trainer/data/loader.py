@@ -2,8 +2,12 @@
 
 Collation is vectorised: the rows of a batch are concatenated once and scattered into the padded ``[B, T]`` tensor
 with one fancy-indexing assignment per key (no per-token Python loop); the only Python loop is over the B samples
-to gather their arrays. Samples travel from workers as int32/int8 numpy arrays (half the IPC of int64) and are
-widened to the dtypes of the batch contract (DESIGN.md "Batches") here.
+to gather their arrays. Collation runs in the loader workers, and the batch it builds stays compact on its way to
+the device: token ids, positions and labels as int32, token types and the attention mask as int8 (int64 would be 2-8x
+the bytes through the worker queue, the pinned buffer and the host-to-device copy), and the ``Packing`` of its real
+tokens built here, on the host, once (``trainer.models.kernels.attach_packing``; pinned with the batch). The loop widens
+the integer tensors to int64 on the device (``trainer.loop._to_device``), where the batch contract (DESIGN.md
+"Batches") holds.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ IGNORE_INDEX = -100
 
 
 class Collator:
-    """numpy samples -> the batch dict of DESIGN.md "Batches" (torch, int64)."""
+    """numpy samples -> the batch dict of DESIGN.md "Batches" (compact dtypes, see the module docstring) + packing."""
 
     def __init__(self, pad_id: int, max_seq_length: int, max_predictions: int, pad_to: str = "batch"):
         self.pad_id, self.max_seq_length, self.P = int(pad_id), int(max_seq_length), int(max_predictions)
@@ -30,9 +34,9 @@ class Collator:
         rows, cols = _ragged_coords(lengths)
         batch = {
             "input_ids": _scatter([s["input_ids"] for s in samples], rows, cols, (B, T), self.pad_id),
-            "token_type_ids": _scatter([s["token_type_ids"] for s in samples], rows, cols, (B, T), 0),
+            "token_type_ids": _scatter([s["token_type_ids"] for s in samples], rows, cols, (B, T), 0, np.int8),
         }
-        mask = np.zeros((B, T), dtype=np.int64)
+        mask = np.zeros((B, T), dtype=np.int8)
         mask[rows, cols] = 1
         batch["attention_mask"] = torch.from_numpy(mask)
         if "pack_ids" in samples[0]:
@@ -43,7 +47,8 @@ class Collator:
         batch["mlm_labels"] = _scatter([s["mlm_labels"] for s in samples], prow, pcol, (B, self.P), IGNORE_INDEX)
         if "sentence_label" in samples[0]:
             batch["sentence_label"] = torch.tensor([s["sentence_label"] for s in samples], dtype=torch.int64)
-        return batch
+        from trainer.models.kernels import attach_packing
+        return attach_packing(batch)
 
 
 def _ragged_coords(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -56,8 +61,8 @@ def _ragged_coords(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _scatter(arrays: list[np.ndarray], rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int],
-             fill: int) -> torch.Tensor:
-    out = np.full(shape, fill, dtype=np.int64)
+             fill: int, dtype=np.int32) -> torch.Tensor:
+    out = np.full(shape, fill, dtype=dtype)
     if len(rows):
         out[rows, cols] = np.concatenate(arrays)
     return torch.from_numpy(out)

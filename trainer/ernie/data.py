@@ -292,7 +292,9 @@ PAD = {"token_type_ids": 0, "role_ids": 0, "task_ids": 0, "capitalization_labels
 
 
 class ErnieCollator:
-    """numpy rows -> the DESIGN.md batch (torch int64): padded ``input_ids`` / ``attention_mask``, ``mlm_positions``
+    """numpy rows -> the DESIGN.md batch (int32 on the host, int8 attention mask, with its ``packing``; the loop widens
+    them to int64 on the device, as trainer.data.loader's Collator): padded ``input_ids`` / ``attention_mask``,
+    ``mlm_positions``
     and ``mlm_labels`` padded to P, the ERNIE per-token keys (PAD) and per-sample labels (SCALAR_KEYS) present.
     Which keys a batch has depends only on its step, so it is the same on every rank: objectives pick their losses
     by key presence without a collective."""
@@ -303,13 +305,13 @@ class ErnieCollator:
     def __call__(self, samples: list[dict]) -> dict:
         B = len(samples)
         Tm = max(len(s["input_ids"]) for s in samples)
-        batch = {"input_ids": np.full((B, Tm), self.pad_id, np.int64), "attention_mask": np.zeros((B, Tm), np.int64)}
+        batch = {"input_ids": np.full((B, Tm), self.pad_id, np.int32), "attention_mask": np.zeros((B, Tm), np.int8)}
         if "mlm_positions" in samples[0]:  # absent on ERNIE 2.0 steps without the MLM task
-            batch["mlm_positions"] = np.zeros((B, self.P), np.int64)
-            batch["mlm_labels"] = np.full((B, self.P), IGNORE, np.int64)
+            batch["mlm_positions"] = np.zeros((B, self.P), np.int32)
+            batch["mlm_labels"] = np.full((B, self.P), IGNORE, np.int32)
         for key, pad in PAD.items():
             if key in samples[0]:
-                batch[key] = np.full((B, Tm), pad, np.int64)
+                batch[key] = np.full((B, Tm), pad, np.int32)
         for b, s in enumerate(samples):  # B rows of numpy slices: the per-token work is in numpy
             n = len(s["input_ids"])
             batch["input_ids"][b, :n] = s["input_ids"]
@@ -324,4 +326,5 @@ class ErnieCollator:
         for key in SCALAR_KEYS:
             if key in samples[0]:
                 batch[key] = np.asarray([s[key] for s in samples], np.int64)
-        return {k: torch.from_numpy(v) for k, v in batch.items()}
+        from trainer.models.kernels import attach_packing
+        return attach_packing({k: torch.from_numpy(v) for k, v in batch.items()})

@@ -63,6 +63,14 @@ class Packing:
                               else self.mask[:, None, None, :])
         return self._key_mask
 
+    def pin_memory(self) -> Packing:
+        """The same packing with its tensors in pinned host memory. The DataLoader calls this on every object of a
+        batch that has it when ``pin_memory`` is on (CUDA), so the packing built in the loader workers is copied to
+        the device asynchronously like the rest of the batch."""
+        pin = (lambda t: None if t is None else t.pin_memory())
+        return replace(self, indices=pin(self.indices), cu_seqlens=pin(self.cu_seqlens), mask=pin(self.mask),
+                       pack_ids=pin(self.pack_ids), _key_mask=pin(self._key_mask))
+
     def to(self, device, non_blocking: bool = False) -> Packing:
         """The same packing with its tensors on ``device`` (host->device copies only: no sync)."""
         move = (lambda t: None if t is None else t.to(device, non_blocking=non_blocking))
