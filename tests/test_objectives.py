@@ -11,6 +11,7 @@ from test_samples import (data_config, en_tokenizer, encode_docs, read_documents
                           write_shards)
 from trainer.data.dataset import PretrainingDataset
 from trainer.data.loader import Collator
+from trainer.loop import _to_device
 from trainer.models import get_preset
 from trainer.objectives import ObjectiveConfig, check_data_requirements, get_objective
 from trainer.objectives.electra import ElectraObjective, gumbel_sample
@@ -30,7 +31,8 @@ def _batches(prefix, tok, fmt, seq, batch, n, start=0, seed=0, **masking):
     cfg = data_config(prefix, format=fmt, max_seq_length=seq, masking={"max_predictions_per_seq": 20, **masking})
     ds = PretrainingDataset(cfg, tok, seed=seed)
     collate = Collator(tok.pad_id, seq, 20)
-    return [collate([ds[start + i * batch + j] for j in range(batch)]) for i in range(n)]
+    # as the trainer's loop hands them to the objectives: compact loader dtypes widened, packing attached
+    return [_to_device(collate([ds[start + i * batch + j] for j in range(batch)]), "cpu") for i in range(n)]
 
 
 def _model_cfg(preset, tok):
@@ -109,8 +111,8 @@ def test_packed_doc_sentences_give_the_loss_of_their_samples_unpacked(name, pres
     model = objective.build_model(_model_cfg(preset, en_tokenizer))
     model.eval()
     with torch.no_grad():
-        a = objective.loss(model, packed)[1]
-        b = objective.loss(model, unpacked)[1]
+        a = objective.loss(model, _to_device(packed, "cpu"))[1]
+        b = objective.loss(model, _to_device(unpacked, "cpu"))[1]
     key = "gen_mlm_loss" if name == "electra" else "mlm_loss"
     assert a[key].item() == pytest.approx(b[key].item(), abs=1e-4), (a, b)
 
