@@ -34,7 +34,9 @@
 #   BUILD_INDEX       1 (default): before each launch, build the run's data caches (corpus arrays, sample index) on
 #                     the batch host with trainer.data.build_index, so no rank waits for them; skipped in seconds
 #                     when they exist. 0: leave it to rank 0 at start (the other ranks wait, data.index_wait_timeout)
-#   INDEX_WORKERS     processes for that build (default: the CPUs Slurm gave the batch host)
+#   INDEX_WORKERS     threads for that build (default: the CPUs Slurm gave the batch host, at most 16; the build
+#                     also caps them by its memory budget, INDEX_MEMORY_GB)
+#   INDEX_MEMORY_GB   memory that build may hold in flight (default 2; a larger shard is walked in pieces)
 #
 # Why bash and not Python: this runs before any environment is activated, on the batch host, and must stay
 # readable to the operators who edit it for their site.
@@ -160,8 +162,11 @@ bf_train() {
     # The data caches once, here, before any node starts: a 2B-sentence index takes minutes to build, which every GPU
     # of the job would otherwise spend waiting for rank 0. An existing, valid cache is only checked (seconds).
     if [ "${BUILD_INDEX:-1}" != 0 ]; then
+        local cpus=${SLURM_CPUS_ON_NODE:-1}
+        # a GPU node has 128-224 CPUs: 16 threads already read shards faster than a shared filesystem serves them
         python -m trainer.data.build_index --config "$config" "${BF_SETS[@]}" "$@" \
-            --workers "${INDEX_WORKERS:-${SLURM_CPUS_ON_NODE:-1}}" >"$BF_LOG_DIR/build_index.log" 2>&1 \
+            --workers "${INDEX_WORKERS:-$(( cpus < 16 ? cpus : 16 ))}" --memory-gb "${INDEX_MEMORY_GB:-2}" \
+            >"$BF_LOG_DIR/build_index.log" 2>&1 \
             || { cat "$BF_LOG_DIR/build_index.log" >&2; bf_die "building the data caches of $config failed (message \
 above, $BF_LOG_DIR/build_index.log); nothing was launched"; }
         bf_log "data caches ready ($(tail -n 1 "$BF_LOG_DIR/build_index.log"))"

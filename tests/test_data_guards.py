@@ -302,3 +302,35 @@ def test_index_build_threads_are_capped_by_a_memory_budget(tmp_path, monkeypatch
     assert sizes == [3] and np.array_equal(built.chunks, reference.chunks)
     assert S.threads_for(224, 1_000_000, 1000, budget=2 << 30) == 19  # the default budget, 1M-sentence shards
     assert S.threads_for(224, 10**10, 5, budget=2 << 30) == 1
+
+
+@pytest.mark.parametrize("fmt,packed", [("doc-sentences", False), ("full-sentences", False), ("doc-sentences", True)])
+def test_a_shard_larger_than_the_memory_budget_is_walked_in_pieces(tmp_path, fmt, packed):
+    """Issue 25 item 4: a shard whose walk would hold more than half the build's memory budget (a single-file corpus
+    of 2B sentences: ~100 GB) is walked in the writer's thread after the shards before it and handed over one block
+    at a time, while the small shards still go through the threads; the index is the one the in-memory build gives.
+    Packed doc-sentences need the whole shard's row sizes, so that shard comes whole."""
+    import trainer.data.sample_index as S
+
+    docs = [[[5 + (i + j) % 40, 6, 7] for j in range(30 if 40 <= i < 60 else 1 + i % 5)] for i in range(200)]
+    corpus = IndexedCorpus(write_shards(docs, tmp_path / "c", 100, docs_per_shard=20), CachePolicy(tmp_path / "x"))
+    sizes = [n for _, _, n in corpus.shards]
+    assert sizes[2] == 600 and max(sizes[:2] + sizes[3:]) <= 100
+    budget = 2 * S.SHARD_BYTES_PER_SENTENCE * 100 * 3  # 3 threads' worth of small shards; shard 2 is over half
+    assert S.threads_for(16, 100, 9, budget) == 3
+    reference = S.build_index(corpus, fmt, 16, 0.1, 1, packed)
+    layout = S.Layout(fmt, 16, 0.1, 1, packed, S.nsp_share(fmt, 0.0), 0.0, "train")
+    pieces = list(S._run([(p, first, layout, 8, None) for p, first, _ in corpus.shards], 16, sizes, budget))
+    assert np.array_equal(np.concatenate([c for c, _ in pieces]), reference.chunks)
+    first = [f for _, f, _ in corpus.shards]
+    in_big = (reference.chunks[:, 0] >= first[2]) & (reference.chunks[:, 0] < first[3])
+    big = int(in_big.sum())
+    if packed:  # every shard one piece
+        assert len(pieces) == len(sizes)
+    else:  # the small shards whole, the large one in blocks of at most 8 chunks
+        assert big > 40 and len(pieces) >= len(sizes) - 1 + -(-big // 8)
+        assert all(len(c) <= 8 for c, _ in pieces[2:len(pieces) - (len(sizes) - 3)])
+    built = S.load_or_build(corpus, fmt, 16, 0.1, 1, packed, CachePolicy(tmp_path / "x", workers=16, memory=budget))
+    assert np.array_equal(built.chunks, reference.chunks)
+    if packed:
+        assert np.array_equal(built.row_ptr, reference.row_ptr)

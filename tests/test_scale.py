@@ -353,7 +353,7 @@ def test_offline_builder_then_ranks_that_require_a_prebuilt_index(en_prepared, e
 
     sets = ["--set", f"data.corpora=[{{prefix: {en_prepared}}}]", "--set", f"data.cache_dir={tmp_path}",
             "--set", "model.vocab_size=2000", "--set", "model.pad_token_id=0", "--set", "data.format=segment-pair"]
-    assert main(["--config", "tiny_roberta", *sets, "--workers", "2", "--resume", "auto"]) == 0
+    assert main(["--config", "tiny_roberta", *sets, "--workers", "2", "--memory-gb", "0.5", "--resume", "auto"]) == 0
     (index,) = tmp_path.glob("index-*-segment-pair-*.bfc")
     mtime = index.stat().st_mtime_ns
     assert main(["--config", "tiny_roberta", *sets]) == 0 and index.stat().st_mtime_ns == mtime  # found, not rebuilt
@@ -365,6 +365,8 @@ def test_offline_builder_then_ranks_that_require_a_prebuilt_index(en_prepared, e
     with pytest.raises(FileNotFoundError, match="(?s)require_prebuilt_index.*python -m trainer.data.build_index"):
         PretrainingDataset(cfg.model_copy(update={"max_seq_length": 96}), en_tokenizer, seed=9)
     assert main(["--config", "tiny_roberta", "--set", "data.format=nonsense"]) == 2
+    assert main(["--config", "tiny_roberta", *sets, "--memory-gb", "0"]) == 2
+    assert "--memory-gb 0.0: must be positive" in capsys.readouterr().err
 
 
 def test_sidecar_row_pointers_are_written_at_annotation_and_old_sidecars_still_read(tmp_path):

@@ -1,5 +1,5 @@
 """Build a run's data caches ahead of the job: ``python -m trainer.data.build_index --config RECIPE [--set KEY=VAL ...]
-[--workers N]``.
+[--workers N] [--memory-gb G]``.
 
 For every training and validation corpus of the config's ``data`` section it writes (or finds, already valid) the
 corpus arrays and the sample index that the ranks will map at start (trainer/data/sample_index.py), in the config's
@@ -28,7 +28,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, as for trainer.pretrain (e.g. --set data.cache_dir=/lustre/cache)")
     p.add_argument("--workers", type=int, default=None,
-                   help="threads building shards in parallel (default: the CPUs of this machine, at most 16)")
+                   help="threads building shards in parallel (default: the CPUs of this machine, at most 16; fewer "
+                        "if --memory-gb cannot hold their shards)")
+    p.add_argument("--memory-gb", type=float, default=None,
+                   help="memory the build may hold in flight (default: data.index_memory_gb, 2): caps the threads, "
+                        "and a shard too large for it is walked in pieces")
     args, rest = p.parse_known_args(argv)
     if rest:  # the trainer's own options are fine (a launcher passes them unchanged); anything else is a typo
         import contextlib  # noqa: PLC0415
@@ -40,7 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             with contextlib.redirect_stderr(io.StringIO()):
                 pretrain.parse_args(["--config", args.config, *rest])
         except SystemExit:
-            p.error(f"unrecognized arguments: {' '.join(rest)} (build_index takes --config, --set and --workers, "
+            p.error(f"unrecognized arguments: {' '.join(rest)} (build_index takes --config, --set, --workers and "
+                    "--memory-gb, "
                     "and accepts the trainer's own options)")
     return args
 
@@ -72,7 +77,11 @@ def main(argv=None) -> int:
         return 2
     data = cfg.data.model_copy(update={"require_prebuilt_index": False})
     workers = args.workers or min(16, os.cpu_count() or 1)
-    policy = cache_policy(data, builder=True, workers=workers, hint=command_for(args.config, args.set))
+    if args.memory_gb is not None and args.memory_gb <= 0:
+        print(f"error: --memory-gb {args.memory_gb}: must be positive", file=sys.stderr)
+        return 2
+    policy = cache_policy(data, builder=True, workers=workers, hint=command_for(args.config, args.set),
+                          memory_gb=args.memory_gb)
     policy.dir.mkdir(parents=True, exist_ok=True)
     for split in ("train", "valid"):
         if split == "valid" and not data.valid_corpora and not data.valid_split > 0:

@@ -93,13 +93,15 @@ def launcher_rank() -> int:
 @dataclass
 class CachePolicy:
     """Where cache files live and who builds them (DataConfig fields: cache_dir, index_wait_timeout,
-    require_prebuilt_index, index_workers)."""
+    require_prebuilt_index, index_workers, index_memory_gb)."""
 
     dir: Path
     builder: bool = True
     timeout: float = 3600.0
     prebuilt_only: bool = False
     workers: int = 1
+    memory: int | None = None
+    """bytes a sample-index build may hold in flight (None: sample_index.BUILD_MEMORY); data.index_memory_gb"""
     hint: str = "python -m trainer.data.build_index --config RECIPE"
     """the command that builds the cache ahead of a job, printed in errors"""
 

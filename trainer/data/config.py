@@ -88,6 +88,10 @@ class DataConfig(BaseModel):
     index_workers: int = Field(0, ge=0)
     """threads building a missing sample index at training start (0: the CPUs of the node, at most 16); the
     offline builder takes --workers instead"""
+    index_memory_gb: float = Field(2.0, gt=0)
+    """memory a sample-index build may hold in flight: it caps the threads (``index_workers``, --workers), and a
+    shard too large for it is walked in pieces (trainer/data/sample_index.py ``_run``); the offline builder takes
+    --memory-gb instead"""
     index_wait_timeout: float = Field(3600.0, gt=0)
     """seconds the ranks other than 0 wait for rank 0 to finish a missing index before failing with its path"""
     require_prebuilt_index: bool = False

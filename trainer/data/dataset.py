@@ -27,13 +27,14 @@ BUILD_HINT = "python -m trainer.data.build_index --config RECIPE [--set KEY=VALU
 
 
 def cache_policy(cfg: DataConfig, builder: bool | None = None, workers: int | None = None,
-                 hint: str = BUILD_HINT) -> CachePolicy:
+                 hint: str = BUILD_HINT, memory_gb: float | None = None) -> CachePolicy:
     """Where this data config's derived arrays live and who builds them (global rank 0 unless ``builder``)."""
     first = (cfg.corpora or cfg.valid_corpora)[0].prefix
     folder = Path(cfg.cache_dir) if cfg.cache_dir else Path(str(first)).parent / "index_cache"
     return CachePolicy(folder, builder=launcher_rank() == 0 if builder is None else builder,
                        timeout=cfg.index_wait_timeout, prebuilt_only=cfg.require_prebuilt_index,
-                       workers=workers or cfg.index_workers or min(16, os.cpu_count() or 1), hint=hint)
+                       workers=workers or cfg.index_workers or min(16, os.cpu_count() or 1), hint=hint,
+                       memory=int((memory_gb or cfg.index_memory_gb) * 2**30))
 
 
 def split_specs(cfg: DataConfig, split: str) -> tuple[list, str]:

@@ -181,7 +181,7 @@ def load_or_build(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_se
     path = index_path(corpus, fmt, key, cache.dir, role)
 
     def build(p: Path) -> None:
-        write_index(corpus, layout, p, key, settings, cache.workers)
+        write_index(corpus, layout, p, key, settings, cache.workers, budget=cache.memory)
 
     arrays, meta = ensure(path, "sample-index", key, build, cache, f"the '{fmt}' sample index of {corpus.prefix}")
     return SampleIndex(arrays["chunks"], arrays["row_ptr"] if meta.get("packed") else None, path, key)
@@ -205,16 +205,17 @@ def build_index(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_
 
 
 def write_index(corpus: IndexedCorpus, layout: Layout, path: Path, key: str, settings: dict, workers: int = 1,
-                block: int = BLOCK) -> None:
-    """Build shard by shard (``workers`` threads) and stream the shards' chunks into the cache file in order."""
+                block: int = BLOCK, budget: int | None = None) -> None:
+    """Build shard by shard (``workers`` threads, capped by the memory ``budget``: ``threads_for``) and stream the
+    shards' chunks into the cache file in order."""
     tasks = [(p, first, layout, block, None) for p, first, _ in corpus.shards]
-    largest = max((count for _, _, count in corpus.shards), default=0)
+    sizes_of = [count for _, _, count in corpus.shards]
     total = 0
     rows_tmp = path.parent / f".{path.name}.rows-{os.getpid()}"
     with CacheWriter(path, "sample-index", key, [("chunks", "<i8", (3,)), ("row_ptr", "<i8", ())]) as w, \
             open(rows_tmp, "wb") as rows:
         try:
-            for chunks, sizes in _run(tasks, workers, largest):
+            for chunks, sizes in _run(tasks, workers, sizes_of, budget):
                 w.append("chunks", chunks)
                 total += len(chunks)
                 if layout.packed:
@@ -260,27 +261,42 @@ def threads_for(workers: int, largest: int, tasks: int, budget: int | None = Non
     return max(1, min(int(workers), int(tasks), budget // (2 * per_shard)))
 
 
-def _run(tasks: list, workers: int, largest: int):
-    """Shard results in shard order: inline with one worker, else from ``workers`` threads. Threads, not processes:
-    the compiled walk releases the GIL (index_kernels.py, ``nogil``), and a thread needs no start-up, where a
-    spawned process paid 1-4 s of imports and numba loading and sent every chunk back through a pipe (24 bytes per
-    sample: measured at 200M sentences, 2 spawned workers took more CPU and more wall time than one). At most
-    ``2 * workers`` shards are in flight, so memory stays bounded when the writer falls behind. ``largest``: the
-    most sentences in a shard."""
-    workers = threads_for(workers, largest, len(tasks))
+def _run(tasks: list, workers: int, shard_sizes: list[int], budget: int | None = None):
+    """Shard results in shard order (each shard's chunks whole, or in pieces for a large one): inline with one
+    worker, else from ``workers`` threads. Threads, not processes: the compiled walk releases the GIL
+    (index_kernels.py, ``nogil``), and a thread needs no start-up, where a spawned process paid 1-4 s of imports and
+    numba loading and sent every chunk back through a pipe (24 bytes per sample: measured at 200M sentences, 2
+    spawned workers took more CPU and more wall time than one). At most ``2 * workers`` shards are in flight, so
+    memory stays bounded when the writer falls behind.
+
+    A shard whose walk would hold more than half the ``budget`` (``SHARD_BYTES_PER_SENTENCE`` per sentence: a
+    single-file corpus of 2B sentences would need ~100 GB) is walked in the writer's thread instead, after the
+    shards before it, and handed over ``block`` chunks at a time as the walk emits them: memory stays at one block
+    (~32 MB) whatever the shard's size. Packed doc-sentences need a whole shard's row sizes to pack it, so their
+    large shards are still held whole (one at a time)."""
+    budget = BUILD_MEMORY if budget is None else int(budget)
+    large = [SHARD_BYTES_PER_SENTENCE * n > budget // 2 for n in shard_sizes]
+    small = [n for n, big in zip(shard_sizes, large) if not big]
+    workers = threads_for(workers, max(small, default=0), len(small), budget) if small else 1
     if workers <= 1:
-        yield from map(_shard_chunks, tasks)
+        for task, big in zip(tasks, large):
+            yield from (_shard_pieces(task) if big else [_shard_chunks(task)])
         return
     from collections import deque  # noqa: PLC0415
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
     from . import index_kernels  # noqa: PLC0415
 
-    if largest >= index_kernels.COMPILE_FROM:
+    if max(small) >= index_kernels.COMPILE_FROM:
         index_kernels.kernels(0, compiled=True)  # load the compiled code once, before the threads
     with ThreadPoolExecutor(workers, thread_name_prefix="index") as pool:
-        pending, todo = deque(), iter(tasks)
-        for task in todo:
+        pending = deque()
+        for task, big in zip(tasks, large):
+            if big:  # the shards before it first (order), then this one in pieces, here
+                while pending:
+                    yield pending.popleft().result()
+                yield from _shard_pieces(task)
+                continue
             pending.append(pool.submit(_shard_chunks, task))
             if len(pending) >= 2 * workers:
                 yield pending.popleft().result()
@@ -329,6 +345,30 @@ def _shard_chunks(task) -> tuple[np.ndarray, np.ndarray]:
     """(chunks int64 [c, 3] in global sentence numbers, row sizes for packed doc-sentences) of one shard: the walk
     of index_kernels.py over the shard's mapped ``.idx`` lengths, ``block`` chunks at a time (the chain position
     carries over), so a builder holds the shard's chunks and one block of work memory."""
+    layout = task[2]
+    parts = list(_walk(task))
+    chunks = np.concatenate([c for c, _ in parts]) if parts else np.zeros((0, 3), np.int64)
+    if not layout.packed:
+        return chunks, np.zeros(0, np.int64)
+    from . import index_kernels as K  # noqa: PLC0415
+
+    sizes = np.concatenate([r for _, r in parts]) if parts else np.zeros(0, np.int64)
+    order, row_sizes = K.kernels(len(idx_arrays(task[0])[0]), task[4]).pack(sizes, layout.max_seq_length)
+    return chunks[order], row_sizes
+
+
+def _shard_pieces(task):
+    """One shard's chunks as the walk emits them, ``block`` at a time (``_run``'s large shards); the same chunks
+    as ``_shard_chunks``. Packed layouts cannot pack a piece alone: their shard comes whole."""
+    if task[2].packed:
+        yield _shard_chunks(task)
+        return
+    for chunks, _ in _walk(task):
+        yield chunks, np.zeros(0, np.int64)
+
+
+def _walk(task):
+    """(chunks, row sizes) blocks of one shard's walk, in order, each a fresh array of at most ``block`` rows."""
     from . import index_kernels as K  # noqa: PLC0415 (only builders need it)
 
     prefix, first, layout, block, compiled = task
@@ -345,7 +385,6 @@ def _shard_chunks(task) -> tuple[np.ndarray, np.ndarray]:
     seed_mix = np.uint64(mix64(layout.index_seed & M64))
     # (a shard has at most n chunks: buffers of one block or the shard, whichever is smaller)
     out, rows = np.empty((max(1, min(block, n)), 3), np.int64), np.empty(max(1, min(block, n)), np.int64)
-    parts, sizes = [], []
     for lo, hi in _document_runs(prefix, len(docs) - 1, layout):
         # the walk over the run of chosen documents [lo, hi) as if it were a shard of its own: full-sentences chunks
         # never cross a held-out document; with valid_split 0 the run is the whole shard (the same chunks as before)
@@ -356,10 +395,5 @@ def _shard_chunks(task) -> tuple[np.ndarray, np.ndarray]:
             k, s, d = run.walk(run_lengths, run_docs, first + s0, s, d, m, mode, layout.budget, layout.min_sent,
                                layout.min_tail, keep_min, seed_mix, float(layout.short_seq_prob),
                                float(layout.nsp_prob), out, rows)
-            parts.append(out[:k].copy())
-            sizes.append(rows[:k].copy())
-    chunks = np.concatenate(parts) if parts else np.zeros((0, 3), np.int64)
-    if not layout.packed:
-        return chunks, np.zeros(0, np.int64)
-    order, row_sizes = run.pack(np.concatenate(sizes) if sizes else np.zeros(0, np.int64), layout.max_seq_length)
-    return chunks[order], row_sizes
+            if k:
+                yield out[:k].copy(), rows[:k].copy()
