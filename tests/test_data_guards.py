@@ -334,3 +334,35 @@ def test_a_shard_larger_than_the_memory_budget_is_walked_in_pieces(tmp_path, fmt
     assert np.array_equal(built.chunks, reference.chunks)
     if packed:
         assert np.array_equal(built.row_ptr, reference.row_ptr)
+
+
+def test_only_the_builder_touches_shard_files_at_open_and_the_others_read_lazily(tmp_path):
+    """Issue 25 item 5: at 128 ranks x 1,000 shards every rank stat-ed and opened every shard at start (~400,000
+    metadata operations in a burst on a Lustre server). Now the builder rank checks the shards; any other rank
+    takes the counts from the manifest and the token dtypes from the corpus cache, and opens a shard only when it
+    reads it. Shown with the shard files moved away: a non-builder opens the corpus without them, the builder
+    refuses, and reads work again once they are back."""
+    import shutil
+
+    from trainer.data.corpus import ShardMismatch
+
+    docs = [[[5 + (i + j) % 40, 6, 7] for j in range(1 + i % 3)] for i in range(60)]
+    prefix = write_shards(docs, tmp_path / "c", 100, docs_per_shard=20)
+    built = IndexedCorpus(prefix, CachePolicy(tmp_path / "cache"))
+    expected = [built.read(s, s + 1).tolist() for s in range(built.num_sentences)]
+    away = tmp_path / "away"
+    away.mkdir()
+    files = sorted(tmp_path.glob("c_0000*.bin")) + sorted(tmp_path.glob("c_0000*.idx"))
+    assert len(files) == 6
+    for f in files:
+        shutil.move(f, away / f.name)
+    other = IndexedCorpus(prefix, CachePolicy(tmp_path / "cache", builder=False, timeout=1.0))
+    assert (other.num_sentences, other.num_documents) == (built.num_sentences, built.num_documents)
+    assert [s.dtype for s in other._shards] == [np.dtype(np.uint16)] * 3
+    with pytest.raises(FileNotFoundError):
+        other.read(0, 1)
+    with pytest.raises(ShardMismatch, match="c_00000.bin is missing"):
+        IndexedCorpus(prefix, CachePolicy(tmp_path / "cache"))
+    for f in files:
+        shutil.move(away / f.name, f)
+    assert [other.read(s, s + 1).tolist() for s in range(other.num_sentences)] == expected
