@@ -77,8 +77,10 @@ bf_setup() {
     # 127.0.0.1 with different slurmd ports).
     BF_MASTER_ADDR=$(scontrol show node -o "$BF_FIRST_NODE" | tr ' ' '\n' | sed -n 's/^NodeAddr=//p')
     [ -n "$BF_MASTER_ADDR" ] || bf_die "could not read NodeAddr of $BF_FIRST_NODE from 'scontrol show node'"
-    # A port per job and per restart, so a requeued job never meets its predecessor's socket in TIME_WAIT.
-    BF_MASTER_PORT=${MASTER_PORT:-$((20000 + (SLURM_JOB_ID % 4000) * 10 + ${SLURM_RESTART_COUNT:-0} % 10))}
+    # A port per job and per restart, so a requeued job never meets its predecessor's socket in TIME_WAIT; in
+    # 12000-31999, below Linux's ephemeral range (32768-60999), where the kernel hands ports to outgoing connections
+    # (gloo's and NCCL's own, any client on the node) and a derived port was seen taken (EADDRINUSE) on a busy node.
+    BF_MASTER_PORT=${MASTER_PORT:-$((12000 + (SLURM_JOB_ID % 2000) * 10 + ${SLURM_RESTART_COUNT:-0} % 10))}
     # torchrun's static rendezvous bounds both sides by it: the first node's store waits this long for the others to
     # connect, the others retry connecting this long. (torchrun would fail on a non-number only after every node
     # started; fail here instead.)
