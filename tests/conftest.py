@@ -46,15 +46,22 @@ def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run where torch sees a CUDA GPU and are skipped elsewhere.
 
     Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) each module's tests stay on one worker, so a
-    module-scoped fixture (a prepared corpus, reference runs) is built once, not once per worker; the Slurm modules
-    share one group because they share the one test cluster (tests/slurm_cluster.py). The groups must be marked
-    before pytest-xdist's worker hook turns them into node-id suffixes (``tryfirst``): marked after it, they were
-    ignored, and a module's tests (and its module-scoped runs) were spread over both workers."""
+    module-scoped fixture (a prepared corpus, reference runs) is built once, not once per worker. The groups must be
+    marked before pytest-xdist's worker hook turns them into node-id suffixes (``tryfirst``): marked after it, they
+    were ignored, and a module's tests (and its module-scoped runs) were spread over both workers. (Each worker starts
+    its own Slurm test cluster, tests/slurm_cluster.py, for the Slurm modules it gets.)
+
+    The modules are reordered longest first (a weight from their markers: Slurm tests, then slow ones), since
+    pytest-xdist hands the groups out in collection order: in alphabetical order the Slurm modules came last and
+    ran alone on one worker for minutes while the other idled."""
     import torch
 
+    weight: dict[str, int] = {}
     for item in items:
-        group = "slurm" if item.get_closest_marker("slurm") is not None else item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        cost = 40 if item.get_closest_marker("slurm") else 20 if item.get_closest_marker("slow") else 1
+        weight[item.module.__name__] = weight.get(item.module.__name__, 0) + cost
+    items.sort(key=lambda item: -weight[item.module.__name__])  # stable: a module's own order is kept
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
