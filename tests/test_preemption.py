@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from test_slurm_training import corpus  # noqa: F401  (fixture: tokenizer + shards of the shared English corpus)
@@ -87,6 +88,9 @@ def _finish(proc: subprocess.Popen, run_dir: Path) -> tuple[int, str, dict[str, 
         proc.wait(TIMEOUT)
     finally:
         if proc.poll() is None:
+            # torchrun starts each rank in a session of its own: kill them first, or they outlive the launcher
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     text = (run_dir.parent / f"{run_dir.name}.log").read_text(errors="replace")

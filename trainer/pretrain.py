@@ -102,8 +102,12 @@ def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) ->
             valid.append(PretrainingDataset(cfg.data, tokenizer, cfg.seed, split="valid"))
         collator = Collator(tokenizer.pad_id, cfg.data.max_seq_length, cfg.data.masking.max_predictions_per_seq,
                             cfg.data.pad_to)
+        # In this process (no loader workers), as ERNIE's evaluation: a DataLoader built per evaluation forked new
+        # workers from a rank whose gloo/NCCL, heartbeat and loader threads were running; in the suite one such
+        # fork (of ~160 in a 40-step run evaluating every step) left a rank waiting forever on its evaluation
+        # batches while the other waited in the collective after them. An evaluation is a few batches.
         return build_dataloader(valid[0], collator, 0, G, cfg.train.micro_batch_size, rank, world_size,
-                                per_eval, cfg.data.num_workers, cfg.data.prefetch_factor)
+                                per_eval, 0)
 
     flops = train_flops_per_token(model, cfg.data.max_seq_length, cfg.data.masking.max_predictions_per_seq)
     evaluates = bool(cfg.data.valid_corpora) or cfg.data.valid_split > 0

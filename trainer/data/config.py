@@ -77,6 +77,8 @@ class DataConfig(BaseModel):
     pad_to: Literal["batch", "max"] = "batch"
     """pad each batch to its longest row, or always to max_seq_length (fixed shapes, e.g. for compiled graphs)"""
     num_workers: int = Field(2, ge=0)
+    """loader worker processes per rank for the training batches, started once and kept for the run; evaluation
+    builds its few batches in the rank itself (no fork in the middle of a run)"""
     prefetch_factor: int = Field(4, ge=1)
     cache_dir: str | None = None
     """where the derived arrays (corpus offsets, sample index) are cached, as memory-mapped files shared by every rank
