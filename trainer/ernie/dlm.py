@@ -156,7 +156,11 @@ class DialogueFile:
         else:
             from trainer.data.cache_file import CacheWriter, code_hash, ensure, settings_hash
 
-            key = settings_hash({"version": DIALOGUE_CACHE_VERSION, "code": code_hash([__file__]),
+            import data_prep.annotators as annotators_module
+
+            # the code that tokenizes, parses and annotates: an edit of either module keys a new file
+            key = settings_hash({"version": DIALOGUE_CACHE_VERSION,
+                                 "code": code_hash([__file__, annotators_module.__file__]),
                                  "file": _file_sha256(path), "tokenizer": tokenizer.fingerprint,
                                  "annotator": _annotator_key(spec), "min_turns": min_turns})
             out = Path(cache.dir) / f"dialogues-{path.stem}-{key}.bfc"
