@@ -151,3 +151,35 @@ def test_ernie1_held_out_dlm_batches_come_from_the_held_out_dialogues(corpus, tm
 
 def train_special(tok, ids):
     return np.isin(ids, np.asarray(tok.special_ids))
+
+
+def test_ernie_evaluation_reads_the_same_samples_at_any_world_size(corpus):
+    """Issue 25 item 6 for ERNIE: the evaluation set is eval_batches x global batch positions of the held-out data
+    at any world size, each evaluation step of one kind on every rank. Before, a step was one micro-batch per rank,
+    and a resume on another world size evaluated another set (the curve jumped). Collated as the trainer collates
+    them, rank by rank, through ernie_components."""
+    from trainer.ernie.components import ernie_components
+    from trainer.objectives import get_objective
+
+    tmp, tok = corpus
+    cfg = _config(tmp, "tiny_ernie2", f"objective.options.continual.tasks={json.dumps(TASKS)}", "train.steps=1",
+                  "train.global_batch_size=4", "train.micro_batch_size=1", "train.eval_batches=3")
+    objective = get_objective(cfg.objective)
+
+    def rows(world: int) -> tuple[list, list]:
+        """(every evaluated row's tokens, sorted; the kinds of each rank's micro-batches in order)"""
+        out, kinds = [], []
+        for rank in range(world):
+            batches = list(ernie_components(cfg, rank, world, "cpu", objective).eval_batches())
+            assert len(batches) == 3 * 4 // world  # eval_batches x accumulation micro-batches of 1 row
+            kinds.append([tuple(sorted(k for k in b if k.endswith("label") or k.endswith("labels"))) for b in batches])
+            out += [tuple(r[m.bool()].tolist()) for b in batches for r, m in zip(b["input_ids"], b["attention_mask"])]
+        return sorted(out), kinds
+
+    one, kinds1 = rows(1)
+    for world in (2, 4):
+        got, kinds = rows(world)
+        assert got == one, world
+        # micro-batch i of every rank belongs to evaluation step i // accumulation, and a step has one kind
+        assert all(k == kinds[0] for k in kinds) and kinds[0] == kinds1[0][::world], (world, kinds)
+    assert len(set(kinds1[0])) == 3  # the three batch kinds of the rotation, one per evaluation step

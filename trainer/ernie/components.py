@@ -68,9 +68,12 @@ def ernie_components(cfg, rank: int, world_size: int, device: str, objective) ->
 
     eval_batches = None
     if cfg.data.valid_corpora:
-        per_eval = cfg.train.eval_batches * micro * world_size
-        # one evaluation "step" per micro-batch: batch a is the same kind (task, DLM or not) on every rank
-        valid, _ = build_dataset(cfg, tokenizer, objective, "valid", global_batch=micro * world_size)
+        # A fixed set at any world size: positions [0, eval_batches x G) of the held-out data, G (the global batch)
+        # per evaluation step, each step of one kind (task, DLM or not), split over the ranks as a training step is
+        # (G / world positions per rank, in micro-batches). Before, a step was one micro-batch per rank, so the set
+        # was eval_batches x micro x world positions: a resume at another world size changed it.
+        per_eval = cfg.train.eval_batches * G
+        valid, _ = build_dataset(cfg, tokenizer, objective, "valid", global_batch=G)
         formats = getattr(valid.plan, "formats", None) if plan is not None else None
         if formats and cfg.train.eval_batches < len(formats):
             print0(f"warning: train.eval_batches = {cfg.train.eval_batches} evaluates only the first "
@@ -78,7 +81,7 @@ def ernie_components(cfg, rank: int, world_size: int, device: str, objective) ->
                    f"set it to a multiple of {len(formats)} to measure every task")
 
         def eval_batches():
-            return build_dataloader(valid, collate, 0, per_eval, micro, rank, world_size, per_eval, 0)
+            return build_dataloader(valid, collate, 0, G, micro, rank, world_size, per_eval, 0)
 
     flops = train_flops_per_token(model, cfg.data.max_seq_length,
                                   objective.options.knowledge_masking.max_predictions_per_seq)
