@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from .cache_file import CachePolicy, CacheWriter, code_hash, ensure, settings_hash  # noqa: F401 (settings_hash re-exported)
-from .corpus import IndexedCorpus, idx_arrays
+from .corpus import IndexedCorpus, idx_arrays, idx_header
 from .heldout import ROLES, held_out_mask, shard_key
 from .order import M64, mix64
 
@@ -353,7 +353,7 @@ def _shard_chunks(task) -> tuple[np.ndarray, np.ndarray]:
     from . import index_kernels as K  # noqa: PLC0415
 
     sizes = np.concatenate([r for _, r in parts]) if parts else np.zeros(0, np.int64)
-    order, row_sizes = K.kernels(len(idx_arrays(task[0])[0]), task[4]).pack(sizes, layout.max_seq_length)
+    order, row_sizes = K.kernels(idx_header(task[0]).sequences, task[4]).pack(sizes, layout.max_seq_length)
     return chunks[order], row_sizes
 
 

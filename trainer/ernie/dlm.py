@@ -14,13 +14,13 @@ the paper describes. Knowledge masking applies inside turns (spans from an annot
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from data_prep.manifest import sha256_file
 from trainer.ernie.knowledge_masking import KnowledgeMaskingConfig, knowledge_mask
 
 ROLES = {"Q": 0, "R": 1}
@@ -94,20 +94,12 @@ def _annotate(annotator, tokenizer_dir, flat: list[str], ids: list, workers: int
     return DocumentAnnotator(annotator, tokenizer_dir)(flat, ids)
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _annotator_key(spec: str | None) -> dict | None:
     """The annotator's part of the cache key: its spec and, for gazetteer/jsonl specs, the content of its file."""
     if spec is None:
         return None
     _, _, arg = spec.partition(":")
-    return {"spec": spec, "file": _file_sha256(Path(arg)) if arg and Path(arg).is_file() else None}
+    return {"spec": spec, "file": sha256_file(Path(arg)) if arg and Path(arg).is_file() else None}
 
 
 class DialogueFile:
@@ -161,7 +153,7 @@ class DialogueFile:
             # the code that tokenizes, parses and annotates: an edit of either module keys a new file
             key = settings_hash({"version": DIALOGUE_CACHE_VERSION,
                                  "code": code_hash([__file__, annotators_module.__file__]),
-                                 "file": _file_sha256(path), "tokenizer": tokenizer.fingerprint,
+                                 "file": sha256_file(path), "tokenizer": tokenizer.fingerprint,
                                  "annotator": _annotator_key(spec), "min_turns": min_turns})
             out = Path(cache.dir) / f"dialogues-{path.stem}-{key}.bfc"
 
