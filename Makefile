@@ -17,6 +17,8 @@ $(VENV)/.stamp: setup.py
 	$(BIN)/pip install -q --upgrade pip wheel setuptools
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev,hf,mpi,plot,eval]"
+	# DeepSpeed's just-in-time ops (cpu_adam, the CPU shm comm op), compiled now instead of inside the first run
+	$(BIN)/python -m trainer.build_ops
 	touch $@
 
 # Two pytest-xdist workers; each module stays on one worker and the Slurm modules share one (tests/conftest.py)

@@ -47,5 +47,5 @@ if os.environ.get("BERTFAMILY_TEST_HEARTBEAT_FAILS_AFTER"):
     RunLock._write_heartbeat = _failing_beat
 
 if __name__ == "__main__":
-    from trainer.pretrain import main
-    sys.exit(main(sys.argv[1:]))
+    from trainer.pretrain import exit_process, main  # ends as trainer/pretrain.py does (see exit_process)
+    exit_process(main(sys.argv[1:]))

@@ -220,6 +220,7 @@ class SlurmCluster:
         Returns once the job has left that hold (it may already be running or done)."""
         deadline = time.monotonic() + timeout
         idle_since = None
+        held = False
         while time.monotonic() < deadline:
             info = self.job(job_id)
             if info.get("JobState") == "PENDING":
@@ -227,11 +228,17 @@ class SlurmCluster:
                 # credential is not newer than the revocation of the killed run's (1-second resolution: a release in
                 # the same second failed the job, "Job credential revoked"), which Slurm's 2-minute hold avoids.
                 if info.get("Reason") != "BeginTime":
-                    return  # out of the hold (released, or Slurm let it go)
-                idle = self.all_idle(strict=True)
-                idle_since = (idle_since or time.monotonic()) if idle else None
-                if idle and time.monotonic() - idle_since >= 2.0:
-                    self.client("scontrol", "update", f"jobid={job_id}", "StartTime=now", check=False)
+                    # Out of the hold only if it was seen in it: right after the requeue, under load, a poll can
+                    # find the job PENDING before Slurm has set the hold (Reason=None), and returning then left the
+                    # job to sit out the whole 2 minutes
+                    if held:
+                        return
+                else:
+                    held = True
+                    idle = self.all_idle(strict=True)
+                    idle_since = (idle_since or time.monotonic()) if idle else None
+                    if idle and time.monotonic() - idle_since >= 2.0:
+                        self.client("scontrol", "update", f"jobid={job_id}", "StartTime=now", check=False)
             elif info.get("JobState") in {"RUNNING"} | FINISHED and int(info.get("Restarts", "0")) > 0:
                 return
             time.sleep(0.5)

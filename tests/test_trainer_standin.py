@@ -145,5 +145,7 @@ def test_samples_are_pure_functions_of_seed_and_index():
 
 
 if __name__ == "__main__":
-    from trainer.pretrain import main
-    sys.exit(main(sys.argv[1:]))
+    # ends the way trainer/pretrain.py's own entry point does (exit_process: no C++ static destructors, which gloo's
+    # threads can abort after a completed run; a plain sys.exit here failed a completed ZeRO-3 run with exit 134)
+    from trainer.pretrain import exit_process, main
+    exit_process(main(sys.argv[1:]))

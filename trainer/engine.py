@@ -28,6 +28,33 @@ choose_cpu_accelerator()
 import deepspeed  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 
+
+def _import_muon_uncompiled() -> None:
+    """Import DeepSpeed's Muon module with its ``torch.compile`` decorators left eager.
+
+    ``deepspeed.initialize`` imports that module in every rank (its ZeRO support check and ZeRO's gradient averaging
+    ask whether the optimizer is Muon), and the module wraps three functions in ``torch.compile`` when imported,
+    which imports torch._inductor: 1.5-2.5 s of CPU per rank (py-spy, 2026-12-05), each start and restart of every
+    rank. The trainer never builds Muon (its optimizers are AdamW and LAMB), so those functions never run; the module
+    and its classes are DeepSpeed's own, imported for real, so DeepSpeed's ``isinstance`` checks are unchanged."""
+    name = "deepspeed.runtime.zero.muon.muon_optimizer"
+    if name in sys.modules or not hasattr(torch, "compile"):
+        return
+    real = torch.compile
+
+    def eager(model=None, **_kwargs):
+        return model if model is not None else (lambda fn: fn)
+
+    torch.compile = eager
+    try:
+        __import__(name)
+    except ImportError:  # a DeepSpeed without Muon: nothing to import
+        pass
+    finally:
+        torch.compile = real
+
+
+_import_muon_uncompiled()
 from trainer import safe_load
 from trainer.ds_json import ds_config_path, offloads_optimizer, precision, read_ds_json
 from trainer.log import warn0
