@@ -1,5 +1,5 @@
 """End to end: tiny ERNIE 1.0 on the in-repo Chinese corpus and tiny ERNIE 2.0 with five tasks, each on 2 CPU ranks
-(torchrun, gloo, ZeRO-2, fp32) through ``python -m trainer.pretrain``, from tokenizer to shards to side-car.
+(torchrun, gloo, ZeRO-1, fp32) through ``python -m trainer.pretrain``, from tokenizer to shards to side-car.
 
 The tasks that compare two texts (DLM real/fake, sentence distance) learn from generated languages whose signal is
 known (tests/finetune_tasks.py): on the classical-Chinese dialogues and the docstrings they stayed near their priors

@@ -82,7 +82,7 @@ def finetune(*args: str, ranks: int = 1) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def short_run(corpus, tmp_path_factory) -> Path:
-    """A 4-step tiny BERT pretraining run with its step-4 checkpoint (ZeRO-2, fp32, one rank, as the recipe saves);
+    """A 4-step tiny BERT pretraining run with its step-4 checkpoint (ZeRO-1, fp32, one rank, as the recipe saves);
     shared by the tests that only read it."""
     run_dir = tmp_path_factory.mktemp("short_run") / "pre"
     pretrain(corpus, run_dir, 4, "--set", "checkpoint.every_steps=4", "--set", "logging.tensorboard=false")
@@ -91,14 +91,14 @@ def short_run(corpus, tmp_path_factory) -> Path:
 
 @pytest.mark.slow  # its fixture pretrains for 4 steps in a subprocess (~30 s alone)
 def test_trainer_checkpoint_weights_reach_the_classifier(short_run):
-    """A trainer checkpoint (ZeRO-2, as the recipe saves it) gives the classifier every encoder tensor and the NSP
+    """A trainer checkpoint (ZeRO-1, as the recipe saves it) gives the classifier every encoder tensor and the NSP
     pooler bit for bit, read independently here from DeepSpeed's own module file; no key is dropped, renamed or
     re-initialised, and only the task classifier is new. From scratch the same architecture shares none of them."""
     import torch
 
     from trainer.finetune.model import build_classifier, load_source
     tag = short_run / "checkpoints" / "global_step4"
-    # fp32 ZeRO-2 on one rank: the module file holds the trained fp32 weights themselves
+    # fp32 ZeRO-1 on one rank: the module file holds the trained fp32 weights themselves
     saved = torch.load(tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
     expected = {k: v for k, v in saved.items() if k.startswith("encoder.")}
     expected.update({k.replace("heads.nsp.", "head."): v for k, v in saved.items()

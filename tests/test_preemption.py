@@ -143,6 +143,6 @@ def test_torchrun_run_with_loader_workers_saves_on_sigterm_and_resumes_to_the_sa
     assert json.loads((run / "status.json").read_text())["status"] == "completed"
     resumed = {s: r["loss"] for s, r in _records(run).items()}
     assert sorted(resumed) == list(range(1, STEPS + 1))
-    # torch AdamW under ZeRO-2 resumes bit-identically; the tolerance covers only metrics.jsonl's rounding
+    # torch AdamW under ZeRO-1 resumes bit-identically; the tolerance covers only metrics.jsonl's rounding
     for step in range(1, STEPS + 1):
         assert resumed[step] == pytest.approx(reference[step], rel=1e-6, abs=1e-7), (step, resumed, reference)

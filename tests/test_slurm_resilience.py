@@ -71,7 +71,7 @@ def test_a_run_that_loses_a_node_resumes_on_one_node_and_back_on_two(slurm_clust
         slurm_cluster.client("scontrol", "update", "nodename=n2", "state=resume", check=False)
     assert slurm_cluster.job(job)["NodeList"] == "n1"
     assert "on 1 node(s)" in text, text[-4000:]
-    assert "saved on 2 ranks at ZeRO-2; converting to DeepSpeed's universal checkpoint for 1" in text, text[-4000:]
+    assert "saved on 2 ranks at ZeRO-1; converting to DeepSpeed's universal checkpoint for 1" in text, text[-4000:]
     assert f"micro batch {MICRO_BATCH} x accumulation 4 x 1 ranks = {GLOBAL_BATCH}" in text, text[-4000:]
     assert f"at step 4 ({4 * GLOBAL_BATCH} samples consumed)" in text, text[-4000:]
     assert resumed_at(text) == [4] and latest_step(run) == 8
@@ -79,7 +79,7 @@ def test_a_run_that_loses_a_node_resumes_on_one_node_and_back_on_two(slurm_clust
     job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "back.out", RUN_DIR=str(run),
                  EXTRA_SETS=sets(**common), **env)
     text = assert_completed(slurm_cluster, job, tmp_path / "back.out")
-    assert "saved on 1 ranks at ZeRO-2; converting to DeepSpeed's universal checkpoint for 2" in text, text[-4000:]
+    assert "saved on 1 ranks at ZeRO-1; converting to DeepSpeed's universal checkpoint for 2" in text, text[-4000:]
     assert f"micro batch {MICRO_BATCH} x accumulation 2 x 2 ranks = {GLOBAL_BATCH}" in text, text[-4000:]
     assert resumed_at(text) == [8] and latest_step(run) == steps
     assert json.loads((run / "status.json").read_text())["status"] == "completed"

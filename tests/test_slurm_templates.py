@@ -1,7 +1,7 @@
 """The ELECTRA and ERNIE 2.0 templates of slurm/ submitted to the local two-node Slurm cluster (tests/slurm_cluster.py)
 the way a user does, each node running one gloo rank on CPU (fp32), with the tiny recipes:
 
-- slurm/electra_base.sh, tiny_electra (generator + discriminator, ZeRO-2): a straight run completes with both the
+- slurm/electra_base.sh, tiny_electra (generator + discriminator, ZeRO-1): a straight run completes with both the
   generator's MLM loss and the discriminator's RTD loss finite and falling and a final checkpoint; the same command
   preempted with `scontrol requeue` (SIGTERM) saves, is requeued, resumes and ends with the straight run's losses;
 - slurm/ernie2_base.sh, tiny_ernie2 (continual multi-task plan, through trainer/pretrain.py) on a cased

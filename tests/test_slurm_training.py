@@ -1,11 +1,11 @@
 """The training templates of slurm/ submitted to the local two-node Slurm cluster (tests/slurm_cluster.py), each node
 running one gloo rank on CPU (fp32) through the template's own srun + torchrun launch, with tiny configs:
 
-- slurm/roberta_large.sh, tiny RoBERTa, ZeRO-2, 2 loader workers per rank (the production setting): losses fall and
+- slurm/roberta_large.sh, tiny RoBERTa, ZeRO-1, 2 loader workers per rank (the production setting): losses fall and
   a checkpoint is written; the same run preempted with `scontrol requeue` mid-run, or cancelled with `scancel` and
   resubmitted, saves (status `preempted`), resumes and ends with the uninterrupted run's losses. Both deliver SIGTERM to every process of the job, loader workers included, as slurmd does at preemption;
   the uninterrupted run is made once for the module (``roberta_reference``);
-- slurm/albert_xxlarge.sh, tiny ALBERT (SOP + n-gram masking) with LAMB under ZeRO-2, with a rank killed on one
+- slurm/albert_xxlarge.sh, tiny ALBERT (SOP + n-gram masking) with LAMB under ZeRO-1, with a rank killed on one
   node: the job fails within a bounded time with the template's message naming the last complete checkpoint, and
   resubmitting the same command resumes from that checkpoint;
 - slurm/bert_base.sh, both phases in one job, phase 2 starting from phase 1's weights, with the time-limit warning
@@ -142,7 +142,7 @@ def roberta_reference(slurm_cluster, roberta_env, tmp_path_factory) -> dict[int,
     reference = losses(straight)
     assert sorted(reference) == list(range(1, ROBERTA_STEPS + 1)), reference
     assert_falls(reference)
-    assert "ZeRO stage 2" in text and "world size 2" in text, text[-4000:]
+    assert "ZeRO stage 1" in text and "world size 2" in text, text[-4000:]
     assert latest_step(straight) == ROBERTA_STEPS
     assert json.loads((straight / "status.json").read_text())["status"] == "completed"
     # One torchrun per node, each rank's output in its own file.
@@ -154,7 +154,7 @@ def roberta_reference(slurm_cluster, roberta_env, tmp_path_factory) -> dict[int,
 
 
 def assert_same_losses(run_dir: Path, reference: dict[int, float]) -> None:
-    """Every step's loss equals the uninterrupted run's (torch AdamW under ZeRO-2 resumes bit-identically; the
+    """Every step's loss equals the uninterrupted run's (torch AdamW under ZeRO-1 resumes bit-identically; the
     tolerance covers only the rounding of metrics.jsonl)."""
     resumed = losses(run_dir)
     assert sorted(resumed) == sorted(reference)
@@ -224,7 +224,7 @@ def test_bad_settings_fail_before_any_node_starts(slurm_cluster, corpus, tmp_pat
 
 
 def test_albert_xxlarge_template_with_lamb_survives_a_killed_rank(slurm_cluster, corpus, tmp_path):
-    """Tiny ALBERT (SOP + n-gram masking, LAMB under ZeRO-2). One node's rank is killed: the job fails within a
+    """Tiny ALBERT (SOP + n-gram masking, LAMB under ZeRO-1). One node's rank is killed: the job fails within a
     bounded time with the template's message naming the last complete checkpoint; resubmitting the same command
     resumes from that checkpoint and finishes, with the loss falling over the whole run."""
     steps = 24
@@ -263,7 +263,7 @@ def test_albert_xxlarge_template_with_lamb_survives_a_killed_rank(slurm_cluster,
     job = submit(slurm_cluster, "albert_xxlarge.sh", tmp_path / "again.out", **env)
     text = assert_completed(slurm_cluster, job, tmp_path / "again.out")
     assert resumed_at(text) == [last], text[-5000:]
-    assert "ZeRO stage 2" in text and latest_step(run) == steps
+    assert "ZeRO stage 1" in text and latest_step(run) == steps
     run_losses = losses(run)
     assert sorted(run_losses) == list(range(1, steps + 1))
     assert_falls(run_losses)
