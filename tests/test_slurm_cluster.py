@@ -61,9 +61,13 @@ def test_scontrol_requeue_restarts_the_batch_script(slurm_cluster, tmp_path):
 #SBATCH --open-mode=append
 echo "start restart=${SLURM_RESTART_COUNT:-0}"
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then exit 0; fi
-trap 'echo "batch got TERM"' TERM
+got=0
+trap 'echo "batch got TERM"; got=1' TERM
 srun bash -c 'trap "echo task $SLURM_NODEID got TERM; exit 0" TERM; touch running; while :; do sleep 0.2; done' &
 wait
+# the step can end (its tasks got their TERM) before the batch shell's own TERM is delivered: under load the script
+# then ended first and never printed its line. Wait for it (at most 20 s, inside KillWait's 30)
+for _ in $(seq 100); do [ "$got" = 1 ] && break; sleep 0.2; done
 """)
     job = slurm_cluster.sbatch(script, "--nodes=2", f"--output={tmp_path}/%j.out", cwd=tmp_path)
     slurm_cluster.wait_job(job, 60, {"RUNNING"})
