@@ -31,8 +31,9 @@ OPS = (("CPUAdamBuilder", "ZeRO-Offload's optimizer"),
        ("ShareMemCommBuilder", "process-group start on the CPU accelerator"))
 
 
-def build(names: tuple[str, ...] | None = None, quiet: bool = False) -> list[tuple[str, str]]:
-    """Build (or find already built) each op this accelerator has a builder for; returns (op, outcome) pairs."""
+def build(names: tuple[str, ...] | None = None, quiet: bool = False) -> list[tuple[str, bool | None, str]]:
+    """Build (or find already built) each op this accelerator has a builder for; returns (op, ready, outcome)
+    triples: ready is True (built or found), False (the build failed) or None (not used or not buildable here)."""
     choose_cpu_accelerator()
     from deepspeed.accelerator import get_accelerator
     import deepspeed.ops  # noqa: F401  (fills deepspeed.ops.__compatible_ops__)
@@ -43,21 +44,21 @@ def build(names: tuple[str, ...] | None = None, quiet: bool = False) -> list[tup
             continue
         builder = get_accelerator().create_op_builder(name)
         if builder is None:
-            results.append((name, f"not used on the {get_accelerator().device_name()} accelerator"))
+            results.append((name, None, f"not used on the {get_accelerator().device_name()} accelerator"))
             continue
         if not builder.is_compatible(verbose=False):
-            results.append((builder.NAME, "cannot be built here (DeepSpeed's compatibility check); skipped"))
+            results.append((builder.NAME, None, "cannot be built here (DeepSpeed's compatibility check); skipped"))
             continue
         t0 = time.perf_counter()
         try:
             builder.load(verbose=False)
         except Exception as err:  # noqa: BLE001  (a compiler error: reported, the run falls back without the op)
             first = str(err).splitlines()[0] if str(err) else ""
-            results.append((builder.NAME, f"build failed ({type(err).__name__}: {first}); skipped"))
+            results.append((builder.NAME, False, f"build failed ({type(err).__name__}: {first}); skipped"))
             continue
-        results.append((builder.NAME, f"ready ({time.perf_counter() - t0:.1f} s; used by {use})"))
+        results.append((builder.NAME, True, f"ready ({time.perf_counter() - t0:.1f} s; used by {use})"))
     if not quiet:
-        for name, outcome in results:
+        for name, _, outcome in results:
             print(f"{name}: {outcome}", flush=True)
     return results
 
@@ -69,8 +70,7 @@ def main(argv=None) -> int:
                     help="build only this op (repeatable); default: all that apply here")
     ap.add_argument("--strict", action="store_true", help="exit 1 if an op that applies here failed to build")
     args = ap.parse_args(argv)
-    results = build(tuple(args.op) if args.op else None)
-    failed = [n for n, outcome in results if "failed" in outcome]
+    failed = [name for name, ready, _ in build(tuple(args.op) if args.op else None) if ready is False]
     return 1 if failed and args.strict else 0
 
 
