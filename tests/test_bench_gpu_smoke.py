@@ -141,9 +141,10 @@ def test_cpu_smoke_installs_from_the_wheels_folder_and_runs_every_stage(tmp_path
     for name in FROM_WHEELS:
         (absent / name).mkdir(parents=True)
         (absent / name / "__init__.py").write_text(f"raise ImportError('{name} only from the wheels folder')")
-    # DeepSpeed installed into the site folder JIT-compiles its CPU shm op for that install's paths: in the shared
-    # extensions folder that build replaced the venv's, and every later launch of the suite rebuilt it (83 s for
-    # the next Slurm job in a CI run). Its own folder keeps the venv's build in place.
+    # DeepSpeed installed into the site folder would JIT-compile any op it loads for that install's paths: in the
+    # shared extensions folder such a build replaced the venv's, and every later launch of the suite rebuilt it (83 s
+    # for the next Slurm job in a CI run). bench/trainer_step.py --smoke no longer loads the CPU shm op (a one-rank
+    # run never communicates); its own folder still keeps the venv's builds out of reach.
     env = dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(absent), WHEELS=str(wheels), SITE=str(tmp_path / "site"),
                TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"))
     proc = subprocess.run(["bash", "bench/gpu.sh", "--cpu-smoke"], cwd=REPO, env=env, capture_output=True, text=True,

@@ -3,6 +3,7 @@ and config validation (``--check``) that imports neither torch nor DeepSpeed nor
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -144,7 +145,11 @@ heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "deepspeed
                or m in ("trainer.models.encoder", "trainer.models.heads", "trainer.engine"))
 print(len(done), heavy)
 """
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    # run from an empty folder: the recipes' corpus prefixes are relative, and in a checkout where `make quickstart`
+    # ran (quickstart_out/), the tiny recipes' `auto` fields would resolve through the tokenizer (numpy, by design)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
     assert proc.returncode == 0, proc.stderr
     count, heavy = proc.stdout.split(" ", 1)
     assert int(count) >= 10 and heavy.strip() == "[]", proc.stdout
