@@ -63,17 +63,31 @@ def verified_sidecars(corpus) -> dict:
 
 
 class CorpusSpans:
-    """The side-car spans of every shard of an ``IndexedCorpus``, by global sentence index."""
+    """The side-car spans of every shard of an ``IndexedCorpus``, by global sentence index. A shard's side-car is
+    opened (its three files mapped) on the first read that reaches it, in each process: a rank or loader worker
+    whose samples come from a few of 1,000 shards opens those few, not 3,000 files at start-up. Shard sizes come
+    from the manifest (the verified entry checked them against the side-cars)."""
 
     def __init__(self, corpus):
-        root = manifest_path(corpus.prefix).parent
+        self.root = manifest_path(corpus.prefix).parent
         verified_sidecars(corpus)  # the lengths check, once per cache entry; the readers below skip it
-        self.readers, starts = [], [0]
-        for spec in corpus.manifest["shards"]:
-            reader = SidecarReader(root / spec["prefix"], expect_sequences=int(spec["sentences"]), verify=False)
-            self.readers.append(reader)
-            starts.append(starts[-1] + len(reader))
-        self.starts = np.asarray(starts, np.int64)
+        self._shards = [(spec["prefix"], int(spec["sentences"])) for spec in corpus.manifest["shards"]]
+        self._readers: list[SidecarReader | None] = [None] * len(self._shards)
+        self.starts = np.concatenate([[0], np.cumsum([n for _, n in self._shards], dtype=np.int64)]).astype(np.int64)
+
+    def __getstate__(self):
+        return {"root": self.root, "_shards": self._shards, "starts": self.starts}  # a worker opens its own
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._readers = [None] * len(self._shards)
+
+    def reader(self, k: int) -> SidecarReader:
+        """Shard ``k``'s side-car, opened on first use (``verify=False``: the cache entry checked it)."""
+        if self._readers[k] is None:
+            prefix, sentences = self._shards[k]
+            self._readers[k] = SidecarReader(self.root / prefix, expect_sequences=sentences, verify=False)
+        return self._readers[k]
 
     def range(self, start: int, end: int) -> np.ndarray:
         """Spans of sentences [start, end): int64 [k, 4] (global sentence, token start, token end, kind)."""
@@ -81,7 +95,7 @@ class CorpusSpans:
         k = int(np.searchsorted(self.starts, start, side="right")) - 1
         while start < end:
             stop = min(end, int(self.starts[k + 1]))
-            part = self.readers[k].range(start - int(self.starts[k]), stop - int(self.starts[k])).astype(np.int64)
+            part = self.reader(k).range(start - int(self.starts[k]), stop - int(self.starts[k])).astype(np.int64)
             part[:, 0] += self.starts[k]
             out.append(part)
             start, k = stop, k + 1
