@@ -27,6 +27,16 @@ size, each measurement in a fresh process:
 Prints one table per size and the extrapolation to 2B sentences (linear in sentences from the largest size run),
 and writes everything as JSON to --out/results.json. Ratios are against the baselines measured here, on this
 machine, in the same run.
+
+    python bench/scale.py --io [--sizes 2M,20M] [--shards 1000] [--out bench/out/scale_io]
+
+Real I/O instead (issue 25): shards whose ``.bin`` holds random tokens (every byte written), an ERNIE span side-car
+per shard, and a sparse twin of the same corpus as the baseline. Before each cold measurement every corpus and cache
+file gets ``posix_fadvise(DONTNEED)`` (the resident fraction after it, from fincore, is printed). Measured: the
+builder at 1, 2 and 16 workers (wall, CPU, peak RSS) against megatron-core's ``build_mapping``; per format (BERT's
+segment-pair, RoBERTa's full-sentences, ALBERT's sop-pair, ERNIE 1.0 with side-cars) two rank processes started
+together (RANK 0 and 1) with 2 forked loader workers each: start to first micro-batch, cold and warm, and every file
+under the corpus folder each rank and worker opens (an audit hook); µs per sample at real I/O against the sparse twin.
 """
 from __future__ import annotations
 
