@@ -36,7 +36,7 @@ costs ``[4, 3, 6, 6, 3]``; chunks ``[0, 2)`` (7 tokens, adding sentence 2 would 
 one sentence at least, so ``[2, 3)``), then ``[3, 5)``. With ``doc-sentences`` the walk stops at the document end.
 
 Building: shard by shard (in parallel threads, ``workers``), each shard in one pass over its mapped ``.idx`` lengths
-(index_kernels.py: compiled by numba for shards of 200k sentences or more), emitting ``block`` chunks at a time, so a
+(index_kernels.py: compiled by numba for corpora of 200k sentences or more, however they are sharded), emitting ``block`` chunks at a time, so a
 builder holds one shard's chunks (~5 MB per 1M sentences at T = 128), whatever the corpus size; shard results are
 appended to the cache file in shard order (workers change only the speed). tests/test_scale.py checks the result
 against a one-shot numpy build over whole-corpus arrays. Why our own walk and not megatron-core's
@@ -208,8 +208,14 @@ def write_index(corpus: IndexedCorpus, layout: Layout, path: Path, key: str, set
                 block: int = BLOCK, budget: int | None = None) -> None:
     """Build shard by shard (``workers`` threads, capped by the memory ``budget``: ``threads_for``) and stream the
     shards' chunks into the cache file in order."""
-    tasks = [(p, first, layout, block, None) for p, first, _ in corpus.shards]
+    from . import index_kernels  # noqa: PLC0415 (only builders need it)
+
     sizes_of = [count for _, _, count in corpus.shards]
+    # compiled or interpreted for the whole corpus, by its size: chosen per shard, a corpus of many small shards was
+    # walked all interpreted (~3.6 µs per sentence: 1,000 shards of 2,000 sentences took 7.3 s, 47x megatron-core's
+    # build_mapping, bench/scale.py --io), where loading the compiled walk once costs 1-4 s
+    compiled = sum(sizes_of) >= index_kernels.COMPILE_FROM
+    tasks = [(p, first, layout, block, compiled) for p, first, _ in corpus.shards]
     total = 0
     rows_tmp = path.parent / f".{path.name}.rows-{os.getpid()}"
     with CacheWriter(path, "sample-index", key, [("chunks", "<i8", (3,)), ("row_ptr", "<i8", ())]) as w, \
@@ -287,7 +293,7 @@ def _run(tasks: list, workers: int, shard_sizes: list[int], budget: int | None =
 
     from . import index_kernels  # noqa: PLC0415
 
-    if max(small) >= index_kernels.COMPILE_FROM:
+    if any(index_kernels.COMPILE_FROM <= n if task[4] is None else task[4] for task, n in zip(tasks, shard_sizes)):
         index_kernels.kernels(0, compiled=True)  # load the compiled code once, before the threads
     with ThreadPoolExecutor(workers, thread_name_prefix="index") as pool:
         pending = deque()
