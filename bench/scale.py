@@ -435,14 +435,20 @@ def run_ranks(common: dict, world: int, opens_log: Path) -> dict:
                               cwd=str(REPO))
              for r in range(world)]
     ranks = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=1800)
-        if proc.returncode != 0:
-            return {"error": err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}",
-                    "stderr_tail": err[-2000:]}
-        r = json.loads(out.strip().splitlines()[-1])
-        r["start_to_first_batch_s"] = r.pop("first_batch_at") - start
-        ranks.append(r)
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=1800)
+            if proc.returncode != 0:
+                return {"error": err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}",
+                        "stderr_tail": err[-2000:]}
+            r = json.loads(out.strip().splitlines()[-1])
+            r["start_to_first_batch_s"] = r.pop("first_batch_at") - start
+            ranks.append(r)
+    finally:
+        for proc in procs:  # a failed or timed-out rank must not leave its peer (and its workers) running
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     opened: dict[int, set] = {}
     for line in opens_log.read_text().splitlines() if opens_log.exists() else []:
         pid, path = line.split("\t", 1)
