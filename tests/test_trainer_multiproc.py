@@ -23,6 +23,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "test_trainer_standin.py"
+SEVERAL = REPO / "tests" / "several_runs.py"
 TIMEOUT = 240
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]  # each launch ~8 s alone, 20-40 s on a shared machine
@@ -85,6 +86,20 @@ def run(config: Path, nproc: int = 2, *extra: str, expect: int | None = 0) -> su
     return proc
 
 
+def run_several(runs: list[tuple], nproc: int = 2) -> subprocess.CompletedProcess:
+    """Independent runs, each ``(config, *extra arguments)``, one after the other in one launch
+    (tests/several_runs.py): one start-up for all of them."""
+    args = [x for k, (config, *extra) in enumerate(runs)
+            for x in ((["--then"] if k else []) + ["--config", str(config), *extra])]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           str(SEVERAL), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert [f"several_runs: run {k} exited 0" in proc.stdout for k in range(len(runs))] == [True] * len(runs)
+    return proc
+
+
 def records(run_dir: Path, split: str = "train") -> list[dict]:
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r.get("split", "train") == split]
@@ -116,13 +131,11 @@ def tmp(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def zero_runs(tmp) -> dict[int, Path]:
-    """The same 8 steps on 2 ranks at ZeRO 0, 1, 2 and 3."""
-    runs = {}
-    for stage in (0, 1, 2, 3):
-        cfg = make_config(tmp, f"zero{stage}", deepspeed={"config": str(REPO / "ds_configs" / f"zero{stage}.json")})
-        run(cfg, 2)
-        runs[stage] = tmp / f"zero{stage}"
-    return runs
+    """The same 8 steps on 2 ranks at ZeRO 0, 1, 2 and 3, one after the other in one launch (tests/several_runs.py:
+    ~11 CPU-s for the four against ~33 as four launches)."""
+    ds = {stage: {"config": str(REPO / "ds_configs" / f"zero{stage}.json")} for stage in (0, 1, 2, 3)}
+    run_several([(make_config(tmp, f"zero{stage}", deepspeed=ds[stage]),) for stage in (0, 1, 2, 3)], 2)
+    return {stage: tmp / f"zero{stage}" for stage in (0, 1, 2, 3)}
 
 
 def test_zero_stages_match_stage0(zero_runs):
@@ -215,11 +228,10 @@ def test_kill9_one_rank_then_resume_is_bit_identical(tmp, zero_runs):
 def test_lamb_resume_is_bit_identical(tmp):
     """Our LAMB under ZeRO-2 (per-parameter trust ratios over partitions), dropout on: 8 steps in one run, against
     a second run stopped after step 4 by train.stop_at_step (checkpoint, status "stopped", schedule of 8 steps kept)
-    and continued with --resume auto."""
+    and continued with --resume auto in a new launch. (The first two share a launch, tests/several_runs.py.)"""
     over = {"model": {"dropout": 0.1}, "optim": {"name": "lamb", "lr": 1e-2}, "checkpoint": {"keep_last": 4}}
-    run(make_config(tmp, "lamb", **over), 2)
     cfg = make_config(tmp, "lamb_resumed", **over)
-    run(cfg, 2, "--set", "train.stop_at_step=4")
+    run_several([(make_config(tmp, "lamb", **over),), (cfg, "--set", "train.stop_at_step=4")], 2)
     status = json.loads((tmp / "lamb_resumed" / "status.json").read_text())
     assert (status["status"], status["step"]) == ("stopped", 4)
     resumed = run(cfg, 2, "--resume", "auto")
