@@ -18,7 +18,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_trainer_multiproc import REPO, losses, make_config, run  # noqa: E402
+from test_trainer_multiproc import REPO, losses, make_config, run, run_several  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -49,12 +49,12 @@ def cpu_adam() -> None:
 @pytest.fixture(scope="module")
 def runs(tmp, cpu_adam) -> dict[str, Path]:
     """The same 8 steps of test_trainer_multiproc's BASE run at ZeRO-2, ZeRO-2 + optimizer offload and ZeRO-3 +
-    optimizer and parameter offload; checkpoints at steps 2, 4, 6, 8 (all kept)."""
-    out = {}
-    for name in ("zero2", "zero2_offload", "zero3_offload"):
-        run(make_config(tmp, name, deepspeed=_ds(f"{name}.json"), checkpoint={"keep_last": 4}), 2)
-        out[name] = tmp / name
-    return out
+    optimizer and parameter offload; checkpoints at steps 2, 4, 6, 8 (all kept). One launch for the three
+    (tests/several_runs.py); the resumes below start fresh processes."""
+    names = ("zero2", "zero2_offload", "zero3_offload")
+    run_several([(make_config(tmp, name, deepspeed=_ds(f"{name}.json"), checkpoint={"keep_last": 4}),)
+                 for name in names], 2)
+    return {name: tmp / name for name in names}
 
 
 def _optimizer_groups(run_dir: Path) -> list[dict]:
