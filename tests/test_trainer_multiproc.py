@@ -129,12 +129,26 @@ def tmp(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("trainer")
 
 
+LAMB = {"model": {"dropout": 0.1}, "optim": {"name": "lamb", "lr": 1e-2}, "checkpoint": {"keep_last": 4}}
+
+
 @pytest.fixture(scope="module")
-def zero_runs(tmp) -> dict[int, Path]:
-    """The same 8 steps on 2 ranks at ZeRO 0, 1, 2 and 3, one after the other in one launch (tests/several_runs.py:
-    ~11 CPU-s for the four against ~33 as four launches)."""
+def first_runs(tmp) -> None:
+    """The module's runs that start from nothing on 2 ranks, one after the other in one launch (tests/several_runs.py;
+    four 2-rank runs: ~11 CPU-s in one launch against ~33 as four): the same 8 steps at ZeRO 0, 1, 2 and 3; the LAMB
+    run and the LAMB run stopped at step 4 of test_lamb_resume_is_bit_identical; the first 3 steps of
+    test_world_size_2_to_1_to_2_keeps_sample_order. What continues from them (resumes, other world sizes) starts
+    new processes."""
     ds = {stage: {"config": str(REPO / "ds_configs" / f"zero{stage}.json")} for stage in (0, 1, 2, 3)}
-    run_several([(make_config(tmp, f"zero{stage}", deepspeed=ds[stage]),) for stage in (0, 1, 2, 3)], 2)
+    run_several([*((make_config(tmp, f"zero{stage}", deepspeed=ds[stage]),) for stage in (0, 1, 2, 3)),
+                 (make_config(tmp, "lamb", **LAMB),),
+                 (make_config(tmp, "lamb_resumed", **LAMB), "--set", "train.stop_at_step=4"),
+                 (make_config(tmp, "elastic"), "--set", "train.steps=3")], 2)
+
+
+@pytest.fixture(scope="module")
+def zero_runs(tmp, first_runs) -> dict[int, Path]:
+    """The same 8 steps on 2 ranks at ZeRO 0, 1, 2 and 3."""
     return {stage: tmp / f"zero{stage}" for stage in (0, 1, 2, 3)}
 
 
@@ -225,13 +239,11 @@ def test_kill9_one_rank_then_resume_is_bit_identical(tmp, zero_runs):
     assert samples_per_step(tmp / "kill") == samples_per_step(ref_dir)
 
 
-def test_lamb_resume_is_bit_identical(tmp):
+def test_lamb_resume_is_bit_identical(tmp, first_runs):
     """Our LAMB under ZeRO-2 (per-parameter trust ratios over partitions), dropout on: 8 steps in one run, against
     a second run stopped after step 4 by train.stop_at_step (checkpoint, status "stopped", schedule of 8 steps kept)
-    and continued with --resume auto in a new launch. (The first two share a launch, tests/several_runs.py.)"""
-    over = {"model": {"dropout": 0.1}, "optim": {"name": "lamb", "lr": 1e-2}, "checkpoint": {"keep_last": 4}}
-    cfg = make_config(tmp, "lamb_resumed", **over)
-    run_several([(make_config(tmp, "lamb", **over),), (cfg, "--set", "train.stop_at_step=4")], 2)
+    and continued with --resume auto in a new launch. (The first two: ``first_runs``.)"""
+    cfg = tmp / "lamb_resumed.yaml"
     status = json.loads((tmp / "lamb_resumed" / "status.json").read_text())
     assert (status["status"], status["step"]) == ("stopped", 4)
     resumed = run(cfg, 2, "--resume", "auto")
@@ -243,9 +255,9 @@ def test_lamb_resume_is_bit_identical(tmp):
 
 
 def test_world_size_2_to_1_to_2_keeps_sample_order(tmp, zero_runs):
-    """2 ranks for 3 steps, 1 rank to step 6, 2 ranks to step 8: universal conversion at each change."""
-    cfg = make_config(tmp, "elastic")
-    run(cfg, 2, "--set", "train.steps=3")
+    """2 ranks for 3 steps (``first_runs``), 1 rank to step 6, 2 ranks to step 8: universal conversion at each
+    change."""
+    cfg = tmp / "elastic.yaml"
     one = run(cfg, 1, "--set", "train.steps=6")
     assert "converting to DeepSpeed's universal checkpoint for 1" in one.stdout
     two = run(cfg, 2)
