@@ -216,6 +216,8 @@ def main(argv=None) -> None:
     parser.add_argument("--bf16-naive", default="", help="the same without bind_zero_layout")
     parser.add_argument("--resume-dir", help="ZeRO-2: save at step 10, resume into a new engine, finish at 20")
     parser.add_argument("--load-universal", help="ZeRO-2: load DIR/global_step10_universal, finish at 20")
+    parser.add_argument("--albert-stages", default="",
+                        help="after the rest, these stages again with the tiny-albert model (results albert_zeroN)")
     args = parser.parse_args(argv)
     global MODEL
     MODEL = args.model
@@ -259,6 +261,15 @@ def main(argv=None) -> None:
         engine.load_checkpoint(args.load_universal, tag=f"global_step{SAVE_AT}_universal")
         losses = _train(engine, range(SAVE_AT, STEPS), rank, world, grad_acc)
         results["universal2"] = {"params": _full_params(engine, 2), "losses": losses}
+
+    albert = [int(s) for s in args.albert_stages.split(",") if s]
+    if albert:  # the same launch (one start-up) for the project's encoder
+        MODEL = "tiny-albert"
+    for stage in albert:
+        engine = _engine(stage, world, bind=True)
+        losses = _train(engine, range(STEPS), rank, world)
+        results[f"albert_zero{stage}"] = {"params": _full_params(engine, stage), "losses": losses,
+                                          "cut_on_rank0": _cut_params(engine)}
 
     if rank == 0:
         torch.save(results, args.out + ".tmp")

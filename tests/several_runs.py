@@ -1,10 +1,12 @@
 """Several trainer runs in one launch, for tests whose runs are independent:
 
     torchrun --nproc_per_node 2 tests/several_runs.py --config A.yaml [--set ...] --then --config B.yaml ...
+    torchrun --nproc_per_node 2 tests/several_runs.py --finetune --checkpoint ... --task rte ... --then ...
 
-calls ``trainer.pretrain.main`` on each group of arguments in turn, in the same process on every rank (the stand-in
-objective of tests/test_trainer_standin.py registered, so its configs work too), and prints ``several_runs: run K
-exited C`` after each. It stops at the first run that does not exit 0 and exits with that code.
+calls ``trainer.pretrain.main`` (with ``--finetune``: ``trainer.finetune``'s) on each group of arguments in turn, in
+the same process on every rank (the stand-in objective of tests/test_trainer_standin.py registered, so its configs
+work too), and prints ``several_runs: run K exited C`` after each. It stops at the first run that does not exit 0
+and exits with that code. (Fine-tuning's main leaves the process group up by design, for the same reason as below.)
 
 Why: a rank's start-up (importing torch, torch._dynamo and DeepSpeed) costs ~5 CPU-s on the 2-core test machine,
 more than the few steps such a test runs. Four 2-rank stand-in runs (tests/test_trainer_multiproc.py's ZeRO stages)
@@ -50,10 +52,14 @@ def groups(argv: list[str]) -> list[list[str]]:
 
 
 def run_all(argv: list[str]) -> int:
+    entry = main
+    if argv[:1] == ["--finetune"]:
+        from trainer.finetune.__main__ import main as entry
+        argv = argv[1:]
     engine.shutdown = _keep_group
     code = 0
     for k, args in enumerate(groups(argv)):
-        code = main(args)
+        code = entry(args)
         print(f"several_runs: run {k} exited {code}", flush=True)
         if code:
             break

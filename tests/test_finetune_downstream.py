@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import socket
 import statistics
 import subprocess
@@ -74,12 +75,6 @@ def pretrain(corpus: Path, run_dir: Path, steps: int, *extra: str) -> subprocess
                 "--set", "logging.progress_bar=false", "--set", "logging.every_steps=10", *extra])
 
 
-def finetune(*args: str, ranks: int = 1) -> subprocess.CompletedProcess:
-    launcher = ["torchrun", "--nproc_per_node", str(ranks), "--master_port", str(free_port()), "-m"] if ranks > 1 \
-        else [sys.executable, "-m"]
-    return run([*launcher, "trainer.finetune", *args])
-
-
 @pytest.fixture(scope="module")
 def short_run(corpus, tmp_path_factory) -> Path:
     """A 4-step tiny BERT pretraining run with its step-4 checkpoint (ZeRO-1, fp32, one rank, as the recipe saves);
@@ -116,43 +111,67 @@ def test_trainer_checkpoint_weights_reach_the_classifier(short_run):
     assert {k for k in expected if k.endswith(".weight") and "norm" not in k} <= set(differ), differ
 
 
-@pytest.mark.multiproc
-def test_two_ranks_under_torchrun_equal_one_rank(corpus, short_run, tmp_path):
-    """Same global batch (16) as 2 ranks x 8 or 1 rank x 8 x 2 accumulated: same losses, same dev predictions."""
-    common = ["--checkpoint", str(short_run / "checkpoints"), "--task", "rte", "--data", str(corpus / "rte"),
-              "--set", "train.dropout=0.0", "--set", "train.classifier_dropout=0.0", "--set", "train.epochs=2",
-              "--set", "train.global_batch_size=16", "--set", "train.micro_batch_size=8", "--set", "optim.lr=1e-3"]
-    finetune(*common, "--set", f"run_dir={tmp_path / 'one'}")
-    proc = finetune(*common, "--set", f"run_dir={tmp_path / 'two'}", ranks=2)
-    assert "2 rank(s)" in proc.stdout
-    one = json.loads((tmp_path / "one" / "finetune" / "rte" / "results.json").read_text())
-    two = json.loads((tmp_path / "two" / "finetune" / "rte" / "results.json").read_text())
-    assert (one["world_size"], two["world_size"], one["pretraining_step"]) == (1, 2, 4)
+COMMON = ["--set", "train.dropout=0.0", "--set", "train.classifier_dropout=0.0", "--set", "train.epochs=2",
+          "--set", "train.global_batch_size=16", "--set", "train.micro_batch_size=8", "--set", "optim.lr=1e-3"]
+
+
+@pytest.fixture(scope="module")
+def two_rank_finetunes(corpus, short_run, tmp_path_factory) -> tuple[Path, dict[str, list[str]], str]:
+    """rte and squad fine-tuned from ``short_run`` on 2 ranks under torchrun, one after the other in one launch
+    (tests/several_runs.py --finetune: one start-up for both); returns (folder, each task's arguments, output)."""
+    out = tmp_path_factory.mktemp("two_ranks")
+    span = write_topic_span(out / "span", 32, 24)
+    ckpt = ["--checkpoint", str(short_run / "checkpoints")]
+    args = {"rte": [*ckpt, "--task", "rte", "--data", str(corpus / "rte"), *COMMON],
+            "squad": [*ckpt, "--task", "squad", "--data", str(span), *COMMON, "--set", "train.max_seq_length=64",
+                      "--set", "task.doc_stride=16"]}
+    proc = run(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()),
+                str(REPO / "tests" / "several_runs.py"), "--finetune",
+                *args["rte"], "--set", f"run_dir={out / 'rte_two'}", "--then",
+                *args["squad"], "--set", f"run_dir={out / 'squad_two'}"])
+    assert "several_runs: run 1 exited 0" in proc.stdout, proc.stdout[-3000:]
+    return out, args, proc.stdout
+
+
+def _one_rank_equals_two(task: str, two_rank_finetunes, tmp_path) -> tuple[dict, dict]:
+    """``task`` fine-tuned on 1 rank in this process (micro-batch 8, accumulating 2) against the 2-rank launch."""
+    import torch
+
+    from trainer.finetune.__main__ import main as finetune_main
+    out, args, stdout = two_rank_finetunes
+    assert re.search(rf"fine-tuning {task} from .* 2 rank\(s\)", stdout), stdout[-3000:]
+    threads, saved = torch.get_num_threads(), dict(os.environ)
+    torch.set_num_threads(1)
+    try:
+        assert finetune_main([*args[task], "--set", f"run_dir={tmp_path / 'one'}"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+        os.environ.clear()
+        os.environ.update(saved)
+    one = json.loads((tmp_path / "one" / "finetune" / task / "results.json").read_text())
+    two = json.loads((out / f"{task}_two" / "finetune" / task / "results.json").read_text())
+    assert (one["world_size"], two["world_size"]) == (1, 2)
     (r1,), (r2,) = one["runs"], two["runs"]
-    assert r1["steps"] == r2["steps"] == 8
+    assert r1["steps"] == r2["steps"]
     assert r1["train_losses"] == pytest.approx(r2["train_losses"], abs=1e-5)
     assert r1["metrics"] == r2["metrics"]
+    return one, two
+
+
+@pytest.mark.multiproc
+def test_two_ranks_under_torchrun_equal_one_rank(two_rank_finetunes, tmp_path):
+    """Same global batch (16) as 2 ranks x 8 or 1 rank x 8 x 2 accumulated: same losses, same dev predictions."""
+    one, two = _one_rank_equals_two("rte", two_rank_finetunes, tmp_path)
+    assert one["pretraining_step"] == 4 and one["runs"][0]["steps"] == 8
 
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-def test_two_ranks_equal_one_rank_on_squad(short_run, tmp_path):
+def test_two_ranks_equal_one_rank_on_squad(two_rank_finetunes, tmp_path):
     """Span extraction data parallel: windows split over 2 ranks, start/end logits gathered, answers picked on every
     rank: same losses and the same dev F1/EM as 1 rank accumulating 2 micro-batches."""
-    data = write_topic_span(tmp_path / "span", 32, 24)
-    common = ["--checkpoint", str(short_run / "checkpoints"), "--task", "squad", "--data", str(data),
-              "--set", "train.dropout=0.0", "--set", "train.classifier_dropout=0.0", "--set", "train.epochs=2",
-              "--set", "train.global_batch_size=16", "--set", "train.micro_batch_size=8", "--set", "optim.lr=1e-3",
-              "--set", "train.max_seq_length=64", "--set", "task.doc_stride=16"]
-    finetune(*common, "--set", f"run_dir={tmp_path / 'one'}")
-    finetune(*common, "--set", f"run_dir={tmp_path / 'two'}", ranks=2)
-    one = json.loads((tmp_path / "one" / "finetune" / "squad" / "results.json").read_text())
-    two = json.loads((tmp_path / "two" / "finetune" / "squad" / "results.json").read_text())
-    assert (one["world_size"], two["world_size"]) == (1, 2)
-    (r1,), (r2,) = one["runs"], two["runs"]
-    assert r1["steps"] == r2["steps"] and one["examples"] == two["examples"]
-    assert r1["train_losses"] == pytest.approx(r2["train_losses"], abs=1e-5)
-    assert r1["metrics"] == r2["metrics"]
+    one, two = _one_rank_equals_two("squad", two_rank_finetunes, tmp_path)
+    assert one["examples"] == two["examples"]
 
 
 @pytest.mark.slow
@@ -232,7 +251,7 @@ def topic_pretrained(topic_corpus, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_pretraining_helps_fine_tuning(topic_corpus, topic_pretrained, tmp_path):
+def test_pretraining_helps_fine_tuning(topic_corpus, topic_pretrained, tmp_path, in_process):
     """The central claim of fine-tuning a pretrained checkpoint: 600 steps of tiny BERT pretraining (MLM + NSP) on
     unlabelled text, then the same fine-tuning (32 examples, 20 epochs, lr 1e-3) from those weights and from random
     ones, 3 seeds each, scored on 300 held-out sentences whose content words fine-tuning never saw. Only what
@@ -245,13 +264,15 @@ def test_pretraining_helps_fine_tuning(topic_corpus, topic_pretrained, tmp_path)
     prototype with another tokenizer gave 1.0 x 3 against 0.48, 0.54, 0.46, and 1.0 x 3 again with pretraining seed 7. The first version of this test used natural text (docstrings against the project's docs,
     SST-2 layout): there 400 steps left MLM near its unigram plateau and random init solved the task from surface
     cues (0.81 against 0.69 median), so it could show nothing about pretraining at this size."""
+    from trainer.finetune.__main__ import main as finetune_main
     scores = {}
-    for scratch in ("false", "true"):
-        finetune("--checkpoint", str(topic_pretrained), "--task", "sst-2", "--data",
-                 str(topic_corpus / "topic"), "--seeds", "3", "--set", f"run_dir={tmp_path / scratch}",
-                 "--set", "train.epochs=20", "--set", "train.global_batch_size=16", "--set",
-                 "train.micro_batch_size=16", "--set", "optim.lr=1e-3", "--set", f"train.from_scratch={scratch}",
-                 "--set", "deepspeed.config=ds_configs/zero0.json")
+    for scratch in ("false", "true"):  # in this process (``in_process``): no interpreter start per run
+        assert finetune_main(["--checkpoint", str(topic_pretrained), "--task", "sst-2", "--data",
+                              str(topic_corpus / "topic"), "--seeds", "3", "--set", f"run_dir={tmp_path / scratch}",
+                              "--set", "train.epochs=20", "--set", "train.global_batch_size=16", "--set",
+                              "train.micro_batch_size=16", "--set", "optim.lr=1e-3",
+                              "--set", f"train.from_scratch={scratch}",
+                              "--set", "deepspeed.config=ds_configs/zero0.json"]) == 0
         res = json.loads((tmp_path / scratch / "finetune" / "sst-2" / "results.json").read_text())
         assert res["from_scratch"] == (scratch == "true") and res["examples"]["train"] == 32
         assert res["examples"]["dev"] == 300
