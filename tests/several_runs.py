@@ -24,16 +24,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import test_trainer_standin  # noqa: E402,F401  (registers objective: standin)
-import torch  # noqa: E402
-
-from trainer import engine  # noqa: E402
-from trainer.pretrain import exit_process, main  # noqa: E402
+# The trainer is imported in run_all only: tests import ``joined`` from here without loading it.
 
 
 def _keep_group() -> None:
+    import torch
+
+    from trainer import engine
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
     engine.restore_environment()
@@ -51,8 +48,18 @@ def groups(argv: list[str]) -> list[list[str]]:
     return out
 
 
+def joined(runs: list[list[str]]) -> list[str]:
+    """The command-line arguments for ``runs`` (each run's own arguments), separated by ``--then``."""
+    return [x for k, args in enumerate(runs) for x in ((["--then"] if k else []) + list(args))]
+
+
 def run_all(argv: list[str]) -> int:
-    entry = main
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import test_trainer_standin  # noqa: F401  (registers objective: standin)
+    import torch
+
+    from trainer import engine
+    from trainer.pretrain import main as entry
     if argv[:1] == ["--finetune"]:
         from trainer.finetune.__main__ import main as entry
         argv = argv[1:]
@@ -70,4 +77,5 @@ def run_all(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from trainer.pretrain import exit_process
     exit_process(run_all(sys.argv[1:]))

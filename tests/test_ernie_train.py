@@ -58,8 +58,9 @@ def _one_rank(*runs: tuple) -> str:
     """Runs ``(recipe, run_dir, *sets)`` one after another on 1 rank in one process (tests/several_runs.py: one
     start-up for all; no launcher, the trainer makes its own group), one thread (small matrices: a second thread on
     2 shared cores costs more CPU than it saves); returns the launch's output."""
-    args = [x for k, (recipe, run_dir, *sets) in enumerate(runs)
-            for x in ((["--then"] if k else []) + ["--config", recipe, "--set", f"run_dir={run_dir}", *_sets(sets)])]
+    from several_runs import joined
+    args = joined([["--config", recipe, "--set", f"run_dir={run_dir}", *_sets(sets)]
+                   for recipe, run_dir, *sets in runs])
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "several_runs.py"), *args], capture_output=True,
                           text=True, timeout=TIMEOUT, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"))
     return _check(proc).stdout

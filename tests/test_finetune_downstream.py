@@ -125,29 +125,21 @@ def two_rank_finetunes(corpus, short_run, tmp_path_factory) -> tuple[Path, dict[
     args = {"rte": [*ckpt, "--task", "rte", "--data", str(corpus / "rte"), *COMMON],
             "squad": [*ckpt, "--task", "squad", "--data", str(span), *COMMON, "--set", "train.max_seq_length=64",
                       "--set", "task.doc_stride=16"]}
+    from several_runs import joined
     proc = run(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()),
                 str(REPO / "tests" / "several_runs.py"), "--finetune",
-                *args["rte"], "--set", f"run_dir={out / 'rte_two'}", "--then",
-                *args["squad"], "--set", f"run_dir={out / 'squad_two'}"])
+                *joined([[*args[task], "--set", f"run_dir={out / f'{task}_two'}"] for task in ("rte", "squad")])])
     assert "several_runs: run 1 exited 0" in proc.stdout, proc.stdout[-3000:]
     return out, args, proc.stdout
 
 
 def _one_rank_equals_two(task: str, two_rank_finetunes, tmp_path) -> tuple[dict, dict]:
-    """``task`` fine-tuned on 1 rank in this process (micro-batch 8, accumulating 2) against the 2-rank launch."""
-    import torch
-
+    """``task`` fine-tuned on 1 rank in this process (micro-batch 8, accumulating 2; the caller holds ``in_process``)
+    against the 2-rank launch."""
     from trainer.finetune.__main__ import main as finetune_main
     out, args, stdout = two_rank_finetunes
     assert re.search(rf"fine-tuning {task} from .* 2 rank\(s\)", stdout), stdout[-3000:]
-    threads, saved = torch.get_num_threads(), dict(os.environ)
-    torch.set_num_threads(1)
-    try:
-        assert finetune_main([*args[task], "--set", f"run_dir={tmp_path / 'one'}"]) == 0
-    finally:
-        torch.set_num_threads(threads)
-        os.environ.clear()
-        os.environ.update(saved)
+    assert finetune_main([*args[task], "--set", f"run_dir={tmp_path / 'one'}"]) == 0
     one = json.loads((tmp_path / "one" / "finetune" / task / "results.json").read_text())
     two = json.loads((out / f"{task}_two" / "finetune" / task / "results.json").read_text())
     assert (one["world_size"], two["world_size"]) == (1, 2)
@@ -159,7 +151,7 @@ def _one_rank_equals_two(task: str, two_rank_finetunes, tmp_path) -> tuple[dict,
 
 
 @pytest.mark.multiproc
-def test_two_ranks_under_torchrun_equal_one_rank(two_rank_finetunes, tmp_path):
+def test_two_ranks_under_torchrun_equal_one_rank(two_rank_finetunes, tmp_path, in_process):
     """Same global batch (16) as 2 ranks x 8 or 1 rank x 8 x 2 accumulated: same losses, same dev predictions."""
     one, two = _one_rank_equals_two("rte", two_rank_finetunes, tmp_path)
     assert one["pretraining_step"] == 4 and one["runs"][0]["steps"] == 8
@@ -167,7 +159,7 @@ def test_two_ranks_under_torchrun_equal_one_rank(two_rank_finetunes, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-def test_two_ranks_equal_one_rank_on_squad(two_rank_finetunes, tmp_path):
+def test_two_ranks_equal_one_rank_on_squad(two_rank_finetunes, tmp_path, in_process):
     """Span extraction data parallel: windows split over 2 ranks, start/end logits gathered, answers picked on every
     rank: same losses and the same dev F1/EM as 1 rank accumulating 2 micro-batches."""
     one, two = _one_rank_equals_two("squad", two_rank_finetunes, tmp_path)

@@ -9,7 +9,6 @@ equals the reference step; a ZeRO-2 save at step 10 and resume is bit-identical 
 checkpoint resumes 2 ranks -> 1.
 """
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import lamb_zero_worker as worker  # noqa: E402
 from test_lamb import clip_reference, reference_lamb  # noqa: E402
+from test_trainer_multiproc import _free_port  # noqa: E402
 
 
 # fp32 against float64 after 20 steps at lr 2e-2 differs by ~4e-5 at most (measured 2.6e-5 .. 4.5e-5 over every
@@ -28,12 +28,6 @@ from test_lamb import clip_reference, reference_lamb  # noqa: E402
 ATOL = 1e-4
 
 pytestmark = pytest.mark.multiproc
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _launch(nproc: int, out: Path, *args: str) -> dict:

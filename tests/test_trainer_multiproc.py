@@ -89,8 +89,8 @@ def run(config: Path, nproc: int = 2, *extra: str, expect: int | None = 0) -> su
 def run_several(runs: list[tuple], nproc: int = 2) -> subprocess.CompletedProcess:
     """Independent runs, each ``(config, *extra arguments)``, one after the other in one launch
     (tests/several_runs.py): one start-up for all of them."""
-    args = [x for k, (config, *extra) in enumerate(runs)
-            for x in ((["--then"] if k else []) + ["--config", str(config), *extra])]
+    from several_runs import joined
+    args = joined([["--config", str(config), *extra] for config, *extra in runs])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            str(SEVERAL), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO,
