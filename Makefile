@@ -8,7 +8,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: venv test test-fast quickstart bench gpu-wheels clean
+.PHONY: venv test test-fast quickstart bench gpu-wheels wheels clean
 
 venv: $(VENV)/.stamp
 
@@ -24,7 +24,7 @@ $(VENV)/.stamp: setup.py
 # Two pytest-xdist workers; each module stays on one worker and the Slurm modules share one (tests/conftest.py)
 XDIST = -n 2 --dist loadgroup
 
-test: venv
+test: venv wheels
 	$(BIN)/python -m pytest -q $(XDIST)
 
 test-fast: venv
@@ -45,6 +45,15 @@ bench: venv bench/out/megatron_lm
 # Wheels bench/gpu.sh installs (pip --no-index) on a GPU node that has only Python 3.12, torch, transformers, triton.
 gpu-wheels: venv
 	bash bench/gpu_wheels.sh bench/out/wheels
+
+# The same wheels for `make test` (tests/test_bench_gpu_smoke.py installs bench/gpu.sh's from them), fetched once like
+# the venv; without network the test tries again itself and, failing, skips only its trainer-step part.
+WHEELS_STAMP := bench/out/wheels/.stamp
+wheels: $(WHEELS_STAMP)
+
+$(WHEELS_STAMP): setup.py bench/gpu_wheels.sh | venv
+	if bash bench/gpu_wheels.sh bench/out/wheels >/dev/null; then touch $@; \
+	else echo "make: the GPU wheels were not fetched (no network?); tests/test_bench_gpu_smoke.py tries again"; fi
 
 clean:
 	rm -rf $(VENV) quickstart_out .pytest_cache

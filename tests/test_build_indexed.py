@@ -5,8 +5,6 @@ import gzip
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import numpy as np
 import pytest
 import zstandard
 
+import fork_server
 from data_prep import build_indexed, inspect_indexed, sources
 from data_prep import manifest as mf
 from data_prep.sentences import split_sentences
@@ -99,8 +98,8 @@ def test_output_independent_of_workers_and_piece_order(en_slice, en_tokenizer, t
 
 
 def run_cli(*args, env=None, cwd=REPO):
-    return subprocess.run([sys.executable, "data_prep/build_indexed.py", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300)
+    return fork_server.run([sys.executable, "data_prep/build_indexed.py", *map(str, args)], cwd=cwd,
+                           env={**os.environ, **(env or {})}, timeout=300)
 
 
 @pytest.mark.slow

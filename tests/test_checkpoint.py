@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import fork_server
 from trainer import checkpoint
 from trainer.checkpoint import TrainState
 
@@ -47,7 +48,7 @@ def test_kill_during_checkpoint_write_leaves_previous_loadable(tmp_path):
     _save(root, 10)
     code = ("import sys; from pathlib import Path; sys.path.insert(0, 'tests'); import test_checkpoint as t; "
             f"t._save(Path({str(root)!r}), 20, die=True)")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = fork_server.run([sys.executable, "-c", code], cwd=REPO, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert (root / "global_step20" / "mp_rank_00_model_states.pt").stat().st_size == 4096  # really half-written
     assert not checkpoint.is_complete(root / "global_step20")

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import fork_server
+
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 900
 
@@ -61,8 +63,8 @@ def _one_rank(*runs: tuple) -> str:
     from several_runs import joined
     args = joined([["--config", recipe, "--set", f"run_dir={run_dir}", *_sets(sets)]
                    for recipe, run_dir, *sets in runs])
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "several_runs.py"), *args], capture_output=True,
-                          text=True, timeout=TIMEOUT, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = fork_server.run([sys.executable, str(REPO / "tests" / "several_runs.py"), *args], timeout=TIMEOUT,
+                           cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"))
     return _check(proc).stdout
 
 

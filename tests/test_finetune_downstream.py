@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import fork_server
 from finetune_tasks import (corpus_documents, topic_documents, write_pairs, write_topic_choice, write_topic_ner,
                             write_topic_span, write_topic_task)
 
@@ -31,7 +32,10 @@ def free_port() -> int:
 
 
 def run(cmd: list[str], timeout=900) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=ENV)
+    if cmd[0] == sys.executable:  # one process: forked from one that has imported torch (tests/fork_server.py)
+        proc = fork_server.run(cmd, cwd=REPO, env=ENV, timeout=timeout)
+    else:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=ENV)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import fork_server
 from finetune_tasks import corpus_documents, write_cola, write_pairs, write_sts
 from trainer.finetune.__main__ import main as finetune_main
 from trainer.finetune.model import build_classifier, load_source, optimizer_groups
@@ -187,8 +188,7 @@ def test_electra_layer_wise_learning_rates(work):
 
 
 def run_cli(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer.finetune", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    return fork_server.run([sys.executable, "-m", "trainer.finetune", *args], cwd=REPO, timeout=300)
 
 
 def test_bad_checkpoints_and_tokenizers_fail_before_training(work, tmp_path, capsys, clean_env):

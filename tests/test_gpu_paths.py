@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import fork_server
 from trainer import metrics
 from trainer.models import MLM, HeadSpec, PretrainingModel, flat_positions, get_preset, mlm_targets
 from trainer.models import kernels
@@ -212,8 +212,8 @@ def test_syncs_per_optimizer_step_do_not_grow_with_layers_or_micro_batches(tmp_p
     What it cannot see: syncs inside CUDA-only code (kernels, NCCL) and allocator stalls; the GPU script measures those
     with torch.cuda.set_sync_debug_mode."""
     out = tmp_path / "syncs.json"
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "sync_count_worker.py"), str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=1200)
+    proc = fork_server.run([sys.executable, str(REPO / "tests" / "sync_count_worker.py"), str(out)], cwd=REPO,
+                           timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     counts = json.loads(out.read_text())
     by_path: dict[str, set[int]] = {}

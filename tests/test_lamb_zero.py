@@ -18,6 +18,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import fork_server  # noqa: E402
 import lamb_zero_worker as worker  # noqa: E402
 from test_lamb import clip_reference, reference_lamb  # noqa: E402
 from test_trainer_multiproc import _free_port  # noqa: E402
@@ -35,11 +36,13 @@ def _launch(nproc: int, out: Path, *args: str) -> dict:
     worker_cmd = [str(HERE / "lamb_zero_worker.py"), "--out", str(out), *args]
     if nproc == 1:  # one process needs no launcher (an agent costs ~2 CPU-s): the environment torchrun would set
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        env.pop("PYTHONWARNINGS")  # read at start-up: the fork server's children keep the test process's filters
         cmd = [sys.executable, *worker_cmd]
+        proc = fork_server.run(cmd, cwd=out.parent, env=env, timeout=600)  # forked: torch already imported
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
                *worker_cmd]
-    proc = subprocess.run(cmd, cwd=out.parent, env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(cmd, cwd=out.parent, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-6000:]}")
     return torch.load(out, weights_only=False)

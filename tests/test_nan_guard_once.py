@@ -4,17 +4,18 @@ gradient norm is not finite, so the guard stands down there; at stage 0 it is th
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
+
+import fork_server
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_guard_norms_per_step_and_nan_steps_still_skipped(tmp_path):
     out = tmp_path / "guard.json"
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "nan_guard_once_worker.py"), str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    proc = fork_server.run([sys.executable, str(REPO / "tests" / "nan_guard_once_worker.py"), str(out)], cwd=REPO,
+                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(out.read_text())
     # old code: 2 per step at ZeRO-1/2 fp32 (two param groups), 1 under the bf16 ZeRO-1 wrapper

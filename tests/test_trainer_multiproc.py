@@ -21,6 +21,8 @@ import psutil
 import pytest
 import yaml
 
+import fork_server
+
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "test_trainer_standin.py"
 SEVERAL = REPO / "tests" / "several_runs.py"
@@ -76,8 +78,11 @@ def command(config: Path, nproc: int, *extra: str, launcher: str = "torchrun") -
 def run(config: Path, nproc: int = 2, *extra: str, expect: int | None = 0) -> subprocess.CompletedProcess:
     # One thread per process, as torchrun sets for its workers: two OpenMP threads on 2 shared cores stall at every
     # barrier while a neighbour holds a core.
-    proc = subprocess.run(command(config, nproc, *extra), capture_output=True, text=True, timeout=TIMEOUT,
-                          cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    cmd, env = command(config, nproc, *extra), dict(os.environ, OMP_NUM_THREADS="1")
+    if nproc == 1:  # a fork of a process that has imported torch and DeepSpeed (tests/fork_server.py)
+        proc = fork_server.run(cmd, cwd=REPO, env=env, timeout=TIMEOUT)
+    else:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO, env=env)
     if expect is not None:
         assert proc.returncode == expect, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     # start-up noise known to be irrelevant is silenced in every rank (data_prep/known_noise.py, tests/test_known_noise.py)

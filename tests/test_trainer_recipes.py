@@ -3,13 +3,13 @@ objectives); the tiny recipes against a real corpus made by data prep, and one o
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import fork_server
 from trainer.config import RECIPES_DIR, load_config, validate_batch
 from trainer.ds_json import precision, read_ds_json
 
@@ -105,7 +105,7 @@ def corpus(tmp_path_factory, en_corpus) -> Path:
                  "--output", str(out / "tok")],
                 ["data_prep/build_indexed.py", "--input", str(text), "--tokenizer", str(out / "tok"),
                  "--output-prefix", str(out / "en"), "--split-sentences"]):
-        proc = subprocess.run([sys.executable, *cmd], cwd=REPO, capture_output=True, text=True, timeout=600)
+        proc = fork_server.run([sys.executable, *cmd], cwd=REPO, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
     return out / "en"
 
@@ -124,12 +124,12 @@ def test_tiny_bert_trains_end_to_end_with_eval(corpus, tmp_path):
     falls and every weight moves between the step-5 and step-10 checkpoints. (Checked against an engine whose step
     forces lr 0, an optimizer that never moves the weights: steps 8-10 average 8.012 against 8.021 for steps 1-3,
     and the loss assertion fails; the old check, 0 < loss < 20, passed it.)"""
-    proc = subprocess.run(
+    proc = fork_server.run(
         [sys.executable, "-m", "trainer.pretrain", "--config", "tiny_bert", "--set", f"run_dir={tmp_path}",
          "--set", f"data.corpora.0.prefix={corpus}", "--set", f"data.valid_corpora=[{{prefix: {corpus}}}]",
          "--set", "train.steps=10", "--set", "train.eval_every=10", "--set", "train.eval_batches=2",
          "--set", "logging.every_steps=1", "--set", "checkpoint.every_steps=5", "--set", "logging.progress_bar=false"],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
+        cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in recs if "split" not in r]

@@ -196,15 +196,12 @@ def test_resume_across_padding_is_refused_with_the_setting_to_use():
 def test_trainer_refuses_to_resume_across_padding_and_resumes_with_the_recorded_setting(tmp_path):
     """Through trainer.pretrain (one rank, the stand-in objective of test_trainer_standin.py, whose tiny model does
     not use the encoder: what is checked is the refusal before DeepSpeed loads anything)."""
-    import subprocess
-
-    from test_trainer_multiproc import REPO, TIMEOUT, command, make_config
+    from test_trainer_multiproc import make_config, run
 
     def launch(pad, steps):
         cfg = make_config(tmp_path, "run", model={"pad_vocab_to": pad},
                           train={"steps": steps, "eval_every": 0}, schedule={"decay_steps": steps})
-        return subprocess.run(command(cfg, 1, "--resume", "auto"), cwd=REPO, capture_output=True, text=True,
-                              timeout=TIMEOUT)
+        return run(cfg, 1, "--resume", "auto", expect=None)
 
     first = launch(1, 2)
     assert first.returncode == 0, first.stderr[-2000:]

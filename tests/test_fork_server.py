@@ -1,0 +1,89 @@
+"""tests/fork_server.py, the suite's launcher for single-process runs: a fork of a process that has imported torch,
+DeepSpeed and the trainer must give what ``subprocess.run`` gives for the same command (exit status, output, the
+environment, cwd and argv it sees), and refuse what it cannot give."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fork_server
+
+REPO = Path(__file__).resolve().parents[1]
+
+COMMANDS = {
+    "exit 0 with output on both streams": "import sys; print('out', sys.argv[1:]); print('err', file=sys.stderr)",
+    "sys.exit(3)": "import sys; print('before'); sys.exit(3)",
+    "sys.exit(message)": "import sys; sys.exit('stopped: a message')",
+    "uncaught exception": "def f():\n    raise ValueError('boom')\nf()",
+    "atexit and a non-daemon thread": (
+        "import atexit, threading, time\natexit.register(print, 'atexit ran')\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread finished'))).start()"),
+    "os._exit skips atexit": "import atexit, os, sys\natexit.register(print, 'never')\nprint('x', flush=True)\nos._exit(4)",
+    "environment, cwd and __name__": (
+        "import os, sys; print(os.environ['FORK_SERVER_PROBE'], os.getcwd(), __name__, sys.argv[0])"),
+}
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_a_fork_gives_what_a_new_interpreter_gives(name, tmp_path):
+    cmd = [sys.executable, "-c", COMMANDS[name], "a1", "--b"]
+    env = dict(os.environ, FORK_SERVER_PROBE="probe-value")
+    fresh = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    forked = fork_server.run(cmd, cwd=tmp_path, env=env, timeout=60)
+    assert forked.returncode == fresh.returncode
+    assert forked.stdout == fresh.stdout
+    # a traceback names the same frames and error; nothing else may differ
+    assert forked.stderr.splitlines()[-1:] == fresh.stderr.splitlines()[-1:], (forked.stderr, fresh.stderr)
+    assert len(forked.stderr.splitlines()) == len(fresh.stderr.splitlines()), (forked.stderr, fresh.stderr)
+
+
+def test_modules_and_scripts_run_as_main_with_their_arguments(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import sys\nprint(__name__, sys.argv[1:], sys.path[0])\n")
+    for cmd in ([sys.executable, str(script), "x", "y"], [sys.executable, "-m", "json.tool", "--sort-keys"]):
+        fresh = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60, input="")
+        forked = fork_server.run(cmd, cwd=tmp_path, timeout=60)
+        assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout), (forked, fresh)
+    # the trainer's CLI as __main__: its own argument errors, exit status 2 as argparse gives it
+    forked = fork_server.run([sys.executable, "-m", "trainer.pretrain", "--config", "tiny_bert", "--no-such-flag"], cwd=REPO, timeout=60)
+    assert forked.returncode == 2 and "unrecognized arguments: --no-such-flag" in forked.stderr, forked
+    assert "RuntimeWarning" not in forked.stderr  # runpy's warning about a module already imported
+
+
+def test_each_child_is_its_own_process_with_fresh_random_state(tmp_path):
+    code = "import os, random, numpy; print(os.getpid(), random.random(), numpy.random.random())"
+    a, b = (fork_server.run([sys.executable, "-c", code], timeout=60).stdout.split() for _ in range(2))
+    assert a[0] != b[0] and a[1] != b[1] and a[2] != b[2], (a, b)
+    assert int(a[0]) != os.getpid()
+
+
+def test_omp_num_threads_in_the_request_sets_torchs_threads():
+    code = "import torch; print(torch.get_num_threads())"
+    one = fork_server.run([sys.executable, "-c", code], env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=60)
+    fresh = subprocess.run([sys.executable, "-c", code], env={k: v for k, v in os.environ.items()
+                                                             if k != "OMP_NUM_THREADS"}, capture_output=True, text=True)
+    default = fork_server.run([sys.executable, "-c", code], env={k: v for k, v in os.environ.items()
+                                                                if k != "OMP_NUM_THREADS"}, timeout=60)
+    assert one.stdout.strip() == "1"
+    assert default.stdout == fresh.stdout
+
+
+def test_a_child_past_its_timeout_is_killed_and_the_server_goes_on():
+    with pytest.raises(subprocess.TimeoutExpired) as err:
+        fork_server.run([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(600)"],
+                        timeout=2)
+    assert "started" in err.value.stdout
+    assert fork_server.run([sys.executable, "-c", "print('next')"], timeout=60).stdout == "next\n"
+
+
+def test_what_only_a_new_interpreter_gives_is_refused():
+    with pytest.raises(ValueError, match="PYTHONPATH"):
+        fork_server.run([sys.executable, "-c", "pass"], env=dict(os.environ, PYTHONPATH="/elsewhere"))
+    with pytest.raises(ValueError, match="not a"):
+        fork_server.run(["torchrun", "x.py"])
+    with pytest.raises(ValueError, match="not a"):
+        fork_server.run([sys.executable, "-X", "importtime", "-c", "pass"])
