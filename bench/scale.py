@@ -91,11 +91,12 @@ def write_corpus(folder: Path, sentences: int, seed: int = 0, shard: int = SHARD
                     rng.integers(5, 50000, min(1 << 26, tokens - at), dtype=np.uint16).tofile(f)
             else:
                 f.truncate(2 * tokens)  # sparse: no disk blocks
-        if sidecars:
-            write_sidecar(folder / name, lengths)
         shards.append({"prefix": name, "documents": len(docs) - 1, "sentences": n, "tokens": tokens,
                        "bin_bytes": 2 * tokens, "bin_sha256": f"synthetic-{seed}-{k}", "idx_sha256": f"synthetic-{seed}-{k}",
                        "input": "synthetic", "input_range": [lo, lo + n]})
+        if sidecars:  # recorded in the manifest, as data_prep/annotate.py records the side-cars it writes
+            from data_prep.sidecar import header_record
+            shards[-1]["sidecar"] = header_record(write_sidecar(folder / name, lengths))
     from data_prep.manifest import totals_of, write_manifest
 
     write_manifest(prefix, {"format": "bertfamily-indexed", "version": 1, "tool_version": "bench",
@@ -106,9 +107,9 @@ def write_corpus(folder: Path, sentences: int, seed: int = 0, shard: int = SHARD
     return prefix
 
 
-def write_sidecar(shard_prefix: Path, lengths: np.ndarray) -> None:
+def write_sidecar(shard_prefix: Path, lengths: np.ndarray) -> dict:
     """An ERNIE span side-car as data_prep/sidecar.py's SidecarWriter writes it: spans.npy rows (sequence, start,
-    end, kind), mapped row pointers, and the header with the shard's lengths_sha256."""
+    end, kind), mapped row pointers, and the header with the shard's lengths_sha256 (returned)."""
     import hashlib
 
     from data_prep.sidecar import FORMAT, KINDS, PTR_SUFFIX, VERSION, row_pointers
@@ -121,6 +122,7 @@ def write_sidecar(shard_prefix: Path, lengths: np.ndarray) -> None:
               "spans": len(spans), "kinds": list(KINDS), "row_pointers": shard_prefix.name + PTR_SUFFIX,
               "lengths_sha256": hashlib.sha256(lengths.astype("<i8").tobytes()).hexdigest(), "stats": {}}
     Path(f"{shard_prefix}.spans.json").write_text(json.dumps(header))
+    return header
 
 
 def smaps() -> dict:

@@ -41,6 +41,7 @@ from data_prep.sidecar import (  # noqa: F401
     SidecarReader,
     SidecarWriter,
     _dedupe_kind_overlaps,
+    header_record,
     place_spans,
 )
 
@@ -144,8 +145,23 @@ def annotate_shard(shard_prefix: str, spec: str, tokenizer_dir: str) -> dict:
     return writer.finalize()
 
 
+def record_sidecars(prefix: str | Path, headers: list[dict]) -> None:
+    """Record every shard's side-car header (``header_record``) in the corpus manifest, rewritten atomically: the
+    trainer then keys its side-car check by the manifest alone, and no rank reads a ``.spans.json`` at start-up
+    (issue 25: 1,000 small reads per rank on a shared filesystem)."""
+    from data_prep.manifest import read_manifest, write_manifest
+
+    manifest = read_manifest(prefix)
+    if len(headers) != len(manifest["shards"]):
+        raise ValueError(f"{len(headers)} side-car headers for the {len(manifest['shards'])} shards of {prefix}")
+    for shard, header in zip(manifest["shards"], headers):
+        shard["sidecar"] = header_record(header)
+    write_manifest(prefix, manifest)
+
+
 def annotate_corpus(prefix: str | Path, spec: str, progress: bool = True, workers: int = 1) -> list[dict]:
-    """Write the side-car of every shard of a prepared corpus (``PREFIX.manifest.json``); returns their headers.
+    """Write the side-car of every shard of a prepared corpus (``PREFIX.manifest.json``), then record their headers
+    in the manifest (``record_sidecars``); returns the headers.
 
     Shards are independent: ``workers`` processes take one shard at a time (each loads jieba's dictionary once,
     ~1 s). The annotator spec is checked here first, so a bad spec fails before any worker starts."""
@@ -174,6 +190,7 @@ def annotate_corpus(prefix: str | Path, spec: str, progress: bool = True, worker
                 headers.append(job.get())
                 bar.update(1)
     bar.close()
+    record_sidecars(prefix, headers)
     return headers
 
 

@@ -47,6 +47,16 @@ class TokenizerInfo(_Strict):
     vocab_size: int
 
 
+class SidecarInfo(_Strict):
+    """What a shard's ERNIE side-car header (data_prep/sidecar.py) said when ``data_prep/annotate.py`` wrote it: the
+    trainer keys its side-car check by these (so a rank reads no ``.spans.json`` at start-up) and compares each
+    side-car's header with them when it first opens that shard's spans."""
+    annotator: str
+    sequences: int
+    spans: int
+    lengths_sha256: str | None = None
+
+
 class ShardInfo(_Strict):
     prefix: str
     """Shard path prefix relative to the manifest's folder (``NAME_00000``: the .bin/.idx pair)."""
@@ -61,6 +71,8 @@ class ShardInfo(_Strict):
     """The input this shard was made from."""
     input_range: tuple[int, int | None]
     """The piece of that input: byte range (module-index range for builtin:pydocs); end None = to the end."""
+    sidecar: SidecarInfo | None = None
+    """The shard's ERNIE side-car as annotated (absent: none recorded; the trainer then reads the headers)."""
 
 
 class Totals(_Strict):
@@ -124,6 +136,9 @@ def dumps(manifest: dict) -> str:
     model = Manifest.model_validate(manifest)
     data = model.model_dump(mode="json")
     data["skipped"] = dict(sorted(data["skipped"].items()))
+    for shard in data["shards"]:  # an unannotated corpus's manifest stays as it was
+        if shard.get("sidecar") is None:
+            shard.pop("sidecar", None)
     return json.dumps(data, indent=1, ensure_ascii=False) + "\n"
 
 

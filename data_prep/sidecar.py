@@ -207,6 +207,13 @@ class SidecarReader:
         return np.asarray(self.spans[self._ptr[first]:self._ptr[stop]])
 
 
+def header_record(header: dict) -> dict:
+    """The fields of a side-car header that identify it, as ``data_prep/annotate.py`` records them in the corpus
+    manifest (``ShardInfo.sidecar``) and the trainer compares them."""
+    return {"annotator": header.get("annotator"), "sequences": int(header["sequences"]), "spans": int(header["spans"]),
+            "lengths_sha256": header.get("lengths_sha256")}
+
+
 def row_pointers(spans: np.ndarray, sequences: int) -> np.ndarray:
     """CSR pointers of rows sorted by sequence: int64 [sequences + 1]. Computed in blocks of sequences so that the
     sorted column is read once and the work memory stays bounded."""

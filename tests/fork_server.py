@@ -131,10 +131,13 @@ def _child(request: dict) -> None:
 # ----------------------------------------------------------------------------------------------------------- client
 class ForkServer:
     def __init__(self, preload: tuple[str, ...] = PRELOAD):
-        self.before = {k: os.environ.get(k) for k in IMPORT_TIME_ENV}  # what the server's imports see
+        # DS_ACCELERATOR unset, as in a new process: the product's import sets it (to cpu here), so a request with it
+        # unset or with the value the import chose imports the same as the server did
+        env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+        self.before = {k: env.get(k) for k in IMPORT_TIME_ENV}  # what the server's imports see
         self.after: dict | None = None  # what they leave (trainer.engine sets DS_ACCELERATOR): the first reply
         self.proc = subprocess.Popen([sys.executable, __file__, *preload], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, cwd=REPO, text=True)
+                                     stdout=subprocess.PIPE, cwd=REPO, env=env, text=True)
         self._buffer = b""
 
     def _reply(self, timeout: float | None) -> dict | None:

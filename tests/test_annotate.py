@@ -223,6 +223,11 @@ def test_annotate_existing_corpus_matches_in_build_annotation(tmp_path, zh_tok, 
     assert build_indexed.main(["--input", str(text), "--tokenizer", str(zh_tok), "--output-prefix", str(prefix)]) == 0
     assert annotate.main([str(prefix), "--annotate", "jieba", "--quiet"]) == 0
     offline = sidecar.SidecarReader(str(prefix) + "_00000")
+    # the manifest records the side-car it wrote (the trainer keys its check by it and reads no header at start-up)
+    from data_prep.manifest import read_manifest
+    (shard,) = read_manifest(prefix)["shards"]
+    assert shard["sidecar"] == sidecar.header_record(offline.header) and shard["sidecar"]["annotator"] == "jieba"
+    assert shard["sidecar"]["lengths_sha256"] and shard["sidecar"]["spans"] == len(offline.spans)
 
     # the hook's view: documents as build_indexed reads them (blank line between documents), original text
     tok = load_tokenizer(zh_tok)

@@ -136,3 +136,85 @@ def test_build_index_prebuilds_the_side_car_check(annotated, tmp_path, monkeypat
     IndexedCorpus(prefix, CachePolicy(tmp_path / "other"))  # the corpus arrays only, not the side-car check
     with pytest.raises(FileNotFoundError, match="side-car check"):  # data.require_prebuilt_index without it
         CorpusSpans(IndexedCorpus(prefix, CachePolicy(tmp_path / "other", builder=False, prebuilt_only=True)))
+
+
+def _record(prefix, shards) -> None:
+    """What data_prep/annotate.py does after writing the side-cars: their headers into the manifest."""
+    import json
+
+    from data_prep.annotate import record_sidecars
+
+    record_sidecars(prefix, [json.loads((prefix.parent / (spec["prefix"] + ".spans.json")).read_text())
+                             for spec in shards])
+
+
+def _count_opens(monkeypatch) -> list:
+    """Names of the ``.spans.json`` files opened from now on."""
+    import builtins
+
+    opened, real = [], builtins.open
+
+    def counting(file, *args, **kwargs):
+        if str(file).endswith(".spans.json"):
+            opened.append(Path(file).name)
+        return real(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting)
+    return opened
+
+
+@pytest.mark.parametrize("in_manifest", [True, False])
+def test_a_rank_reads_no_side_car_header_at_start_up_when_the_manifest_records_them(annotated, tmp_path, monkeypatch,
+                                                                                    in_manifest):
+    """Issue 25: the side-car check's key came from every shard's ``.spans.json``, read by every rank at start-up
+    (1,000 small reads per rank for 1,000 shards). With the headers recorded in the manifest (``data_prep/annotate.py``
+    records them), a rank opens a header only when it first reads that shard's spans. A corpus annotated before
+    (``in_manifest=False``) still works and reads every header at start-up, as before: the control."""
+    from trainer.data.cache_file import CachePolicy
+    from trainer.data.corpus import IndexedCorpus
+    from trainer.ernie.data import CorpusSpans
+
+    prefix, shards, _ = annotated
+    if in_manifest:
+        _record(prefix, shards)
+    reference = CorpusSpans(IndexedCorpus(prefix, CachePolicy(tmp_path / "cache")))  # rank 0 builds the check
+    lo = int(reference.starts[1])
+    want = reference.range(lo, lo + 2).tolist()
+    opened = _count_opens(monkeypatch)
+    rank = CorpusSpans(IndexedCorpus(prefix, CachePolicy(tmp_path / "cache", builder=False, timeout=0)))
+    start_up = list(opened)
+    assert rank.range(lo, lo + 2).tolist() == want
+    if in_manifest:
+        assert start_up == [] and opened == [shards[1]["prefix"] + ".spans.json"]
+    else:
+        assert sorted(start_up) == sorted(spec["prefix"] + ".spans.json" for spec in shards)
+
+
+def test_a_side_car_rewritten_after_the_manifest_recorded_it_is_refused(annotated, tmp_path):
+    """The manifest's record makes the check's key, so a side-car rewritten behind it (without annotate.py's
+    recording) is caught where it is read: on a rank's first read of that shard (here: spans for other token
+    counts), and by a check entry built for it (here: another annotator, same tokens); the message names the file
+    and says to annotate again."""
+    import json
+
+    from trainer.data.cache_file import CachePolicy
+    from trainer.data.corpus import IndexedCorpus
+    from trainer.ernie.data import CorpusSpans
+
+    prefix, shards, docs = annotated
+    _record(prefix, shards)
+    CorpusSpans(IndexedCorpus(prefix, CachePolicy(tmp_path / "cache")))  # checked and valid
+    _annotate(prefix.parent, shards, docs, 4, shift=1)
+    rank = CorpusSpans(IndexedCorpus(prefix, CachePolicy(tmp_path / "cache", builder=False, timeout=0)))
+    with pytest.raises(ValueError, match=r"c_00000\.spans\.json .* is not the side-car .*manifest.json recorded.*"
+                                         r"python -m data_prep\.annotate"):
+        rank.range(0, 2)
+    _annotate(prefix.parent, shards, docs, 4)  # the recorded tokens again, but another annotator's spans
+    header = prefix.parent / "c_00002.spans.json"
+    header.write_text(json.dumps({**json.loads(header.read_text()), "annotator": "another"}))
+    with pytest.raises(ValueError, match=r"c_00002\.spans\.json .* is not the side-car .*manifest.json recorded"):
+        CorpusSpans(IndexedCorpus(prefix, CachePolicy(tmp_path / "fresh")))  # a new check entry compares them all
+    _annotate(prefix.parent, shards, docs, 4, shift=1)
+    _record(prefix, shards)  # annotated again (recorded): another key, so checked again, refused for its tokens
+    with pytest.raises(ValueError, match=r"c_00000\.spans\.json was made for other tokens"):
+        CorpusSpans(IndexedCorpus(prefix, CachePolicy(tmp_path / "cache")))

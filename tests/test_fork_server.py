@@ -87,3 +87,16 @@ def test_what_only_a_new_interpreter_gives_is_refused():
         fork_server.run(["torchrun", "x.py"])
     with pytest.raises(ValueError, match="not a"):
         fork_server.run([sys.executable, "-X", "importtime", "-c", "pass"])
+
+
+def test_the_accelerator_choice_of_the_imports_is_accepted_set_or_unset():
+    """DS_ACCELERATOR: the product's import sets it (cpu here) where it is unset, so a request with it unset or set to
+    that value imports as the server did, whatever the test process's own environment holds when the server starts;
+    another value is refused."""
+    code = "import os; print(os.environ.get('DS_ACCELERATOR'))"
+    bare = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    assert fork_server.run([sys.executable, "-c", code], env=bare, timeout=60).stdout == "None\n"
+    assert fork_server.run([sys.executable, "-c", code], env=dict(bare, DS_ACCELERATOR="cpu"),
+                           timeout=60).stdout == "cpu\n"
+    with pytest.raises(ValueError, match="DS_ACCELERATOR"):
+        fork_server.run([sys.executable, "-c", code], env=dict(bare, DS_ACCELERATOR="cuda"))

@@ -8,6 +8,13 @@ cache entry (rank 0, or ``python -m trainer.data.build_index`` ahead of the job)
 cache key (its shards' checksums and counts) and every side-car's header (its ``lengths_sha256``, counts and
 annotator), so another side-car or a rebuilt shard makes another key, and it is checked again. Every other open maps
 the spans and their row pointers by offset and reads nothing per sentence.
+
+The headers come from the corpus manifest, where ``data_prep/annotate.py`` records each shard's side-car
+(``ShardInfo.sidecar``): a rank reads no ``.spans.json`` at start-up (before, every rank read all of them to make the
+key: 1,000 small reads per rank on a shared filesystem for 1,000 shards). A side-car is compared with its record when
+a process first opens it (its header is read then anyway), and the check entry's build compares them all, so a
+side-car rewritten after the manifest is refused, naming the file. Corpora annotated before the manifest recorded
+side-cars still work: their headers are read at start-up, as before.
 """
 from __future__ import annotations
 
@@ -17,14 +24,23 @@ from pathlib import Path
 import numpy as np
 
 from data_prep.manifest import manifest_path
-from data_prep.sidecar import SidecarReader
+from data_prep.sidecar import SidecarReader, header_record
 from trainer.data.cache_file import CacheWriter, ensure, settings_hash
 
-SIDECAR_CACHE_VERSION = 1
+SIDECAR_CACHE_VERSION = 2  # 2: keyed by header_record (the manifest's record of each side-car)
+
+
+def recorded(corpus) -> bool:
+    """Whether the manifest records every shard's side-car (``data_prep/annotate.py`` does since 2026-12-05)."""
+    shards = corpus.manifest["shards"]
+    return bool(shards) and all(spec.get("sidecar") for spec in shards)
 
 
 def sidecar_headers(corpus) -> list[dict]:
-    """Every shard's ``.spans.json`` (one small read per shard, which opening a reader costs anyway)."""
+    """What identifies every shard's side-car: from the manifest where it records them (nothing else read), else
+    from each ``.spans.json`` (one small read per shard, in every process that opens the corpus)."""
+    if recorded(corpus):
+        return [dict(spec["sidecar"]) for spec in corpus.manifest["shards"]]
     root = manifest_path(corpus.prefix).parent
     out = []
     for spec in corpus.manifest["shards"]:
@@ -33,14 +49,14 @@ def sidecar_headers(corpus) -> list[dict]:
             raise FileNotFoundError(f"{js} not found: build the shards with `build_indexed.py --annotate SPEC` "
                                     "(ERNIE phrase/entity masking needs them)")
         with open(js, encoding="utf-8") as f:
-            h = json.load(f)
-        out.append({k: h.get(k) for k in ("format", "version", "annotator", "sequences", "spans", "lengths_sha256")})
+            out.append(header_record(json.load(f)))
     return out
 
 
 def has_sidecars(corpus) -> bool:
     shards = corpus.manifest["shards"]
-    return bool(shards) and (manifest_path(corpus.prefix).parent / (shards[0]["prefix"] + ".spans.json")).exists()
+    return recorded(corpus) or (
+        bool(shards) and (manifest_path(corpus.prefix).parent / (shards[0]["prefix"] + ".spans.json")).exists())
 
 
 def verified_sidecars(corpus) -> dict:
@@ -53,8 +69,14 @@ def verified_sidecars(corpus) -> dict:
 
     def build(out: Path) -> None:
         with CacheWriter(out, "sidecars", key, [("sequences", "<i8", ())]) as w:
-            for spec in corpus.manifest["shards"]:
+            for spec, want in zip(corpus.manifest["shards"], headers):
                 reader = SidecarReader(root / spec["prefix"], expect_sequences=int(spec["sentences"]), verify=True)
+                if header_record(reader.header) != want:
+                    raise ValueError(
+                        f"{root / spec['prefix']}.spans.json ({header_record(reader.header)}) is not the side-car "
+                        f"{manifest_path(corpus.prefix)} recorded for this shard ({want}): it was rewritten after "
+                        "the manifest. Annotate the corpus again with `python -m data_prep.annotate PREFIX "
+                        "--annotate SPEC` (which records the new side-cars) before training")
                 w.append("sequences", np.array([len(reader)], np.int64))
             w.commit({"prefix": corpus.prefix})
 
@@ -70,13 +92,18 @@ class CorpusSpans:
 
     def __init__(self, corpus):
         self.root = manifest_path(corpus.prefix).parent
+        self.manifest_file = manifest_path(corpus.prefix)
         verified_sidecars(corpus)  # the lengths check, once per cache entry; the readers below skip it
         self._shards = [(spec["prefix"], int(spec["sentences"])) for spec in corpus.manifest["shards"]]
+        # what the manifest recorded for each side-car (None: not recorded, the headers made the key): a side-car
+        # rewritten after that is refused on its first open instead of masking with spans nobody checked
+        self._records = [spec.get("sidecar") for spec in corpus.manifest["shards"]]
         self._readers: list[SidecarReader | None] = [None] * len(self._shards)
         self.starts = np.concatenate([[0], np.cumsum([n for _, n in self._shards], dtype=np.int64)]).astype(np.int64)
 
     def __getstate__(self):
-        return {"root": self.root, "_shards": self._shards, "starts": self.starts}  # a worker opens its own
+        return {"root": self.root, "manifest_file": self.manifest_file, "_shards": self._shards,
+                "_records": self._records, "starts": self.starts}  # a worker opens its own
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -86,7 +113,15 @@ class CorpusSpans:
         """Shard ``k``'s side-car, opened on first use (``verify=False``: the cache entry checked it)."""
         if self._readers[k] is None:
             prefix, sentences = self._shards[k]
-            self._readers[k] = SidecarReader(self.root / prefix, expect_sequences=sentences, verify=False)
+            reader = SidecarReader(self.root / prefix, expect_sequences=sentences, verify=False)
+            want = self._records[k]
+            if want is not None and header_record(reader.header) != header_record(want):
+                raise ValueError(
+                    f"{self.root / prefix}.spans.json ({header_record(reader.header)}) is not the side-car "
+                    f"{self.manifest_file} recorded for this shard ({header_record(want)}): it was rewritten after "
+                    f"the manifest. Annotate the corpus again with `python -m data_prep.annotate PREFIX --annotate "
+                    f"SPEC` (which records the new side-cars) before training")
+            self._readers[k] = reader
         return self._readers[k]
 
     def range(self, start: int, end: int) -> np.ndarray:
