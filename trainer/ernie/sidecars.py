@@ -53,6 +53,16 @@ def sidecar_headers(corpus) -> list[dict]:
     return out
 
 
+def check_record(reader: SidecarReader, record: dict, manifest_file) -> None:
+    """Refuse a side-car whose header is not what the manifest recorded for it (rewritten behind the manifest)."""
+    got, want = header_record(reader.header), header_record(record)
+    if got != want:
+        raise ValueError(f"{reader.prefix}.spans.json ({got}) is not the side-car {manifest_file} recorded for this "
+                         f"shard ({want}): it was rewritten after the manifest. Annotate the corpus again with "
+                         "`python -m data_prep.annotate PREFIX --annotate SPEC` (which records the new side-cars) "
+                         "before training")
+
+
 def has_sidecars(corpus) -> bool:
     shards = corpus.manifest["shards"]
     return recorded(corpus) or (
@@ -71,12 +81,7 @@ def verified_sidecars(corpus) -> dict:
         with CacheWriter(out, "sidecars", key, [("sequences", "<i8", ())]) as w:
             for spec, want in zip(corpus.manifest["shards"], headers):
                 reader = SidecarReader(root / spec["prefix"], expect_sequences=int(spec["sentences"]), verify=True)
-                if header_record(reader.header) != want:
-                    raise ValueError(
-                        f"{root / spec['prefix']}.spans.json ({header_record(reader.header)}) is not the side-car "
-                        f"{manifest_path(corpus.prefix)} recorded for this shard ({want}): it was rewritten after "
-                        "the manifest. Annotate the corpus again with `python -m data_prep.annotate PREFIX "
-                        "--annotate SPEC` (which records the new side-cars) before training")
+                check_record(reader, want, manifest_path(corpus.prefix))
                 w.append("sequences", np.array([len(reader)], np.int64))
             w.commit({"prefix": corpus.prefix})
 
@@ -114,13 +119,8 @@ class CorpusSpans:
         if self._readers[k] is None:
             prefix, sentences = self._shards[k]
             reader = SidecarReader(self.root / prefix, expect_sequences=sentences, verify=False)
-            want = self._records[k]
-            if want is not None and header_record(reader.header) != header_record(want):
-                raise ValueError(
-                    f"{self.root / prefix}.spans.json ({header_record(reader.header)}) is not the side-car "
-                    f"{self.manifest_file} recorded for this shard ({header_record(want)}): it was rewritten after "
-                    f"the manifest. Annotate the corpus again with `python -m data_prep.annotate PREFIX --annotate "
-                    f"SPEC` (which records the new side-cars) before training")
+            if self._records[k] is not None:
+                check_record(reader, self._records[k], self.manifest_file)
             self._readers[k] = reader
         return self._readers[k]
 
