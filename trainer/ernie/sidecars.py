@@ -96,8 +96,8 @@ class CorpusSpans:
     from the manifest (the verified entry checked them against the side-cars)."""
 
     def __init__(self, corpus):
-        self.root = manifest_path(corpus.prefix).parent
         self.manifest_file = manifest_path(corpus.prefix)
+        self.root = self.manifest_file.parent
         verified_sidecars(corpus)  # the lengths check, once per cache entry; the readers below skip it
         self._shards = [(spec["prefix"], int(spec["sentences"])) for spec in corpus.manifest["shards"]]
         # what the manifest recorded for each side-car (None: not recorded, the headers made the key): a side-car
