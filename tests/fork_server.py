@@ -1,6 +1,9 @@
-"""Launch ``python -m MODULE ARGS`` / ``python SCRIPT ARGS`` / ``python -c CODE ARGS`` as a fork of a process that has already imported torch,
-torch._dynamo, DeepSpeed and the trainer, instead of a new interpreter: ``run(cmd, ...)`` is a drop-in for
-``subprocess.run(cmd, capture_output=True, text=True, ...)`` for the single-process launches of the suite.
+"""Launch ``python -m MODULE ARGS`` / ``python SCRIPT ARGS`` / ``python -c CODE ARGS`` as a fork of a process that has
+already imported torch, torch._dynamo, DeepSpeed and the trainer, instead of a new interpreter: ``run(cmd, ...)`` is a
+drop-in for ``subprocess.run(cmd, capture_output=True, text=True, ...)`` for the single-process launches of the suite,
+and ``run_ranks(cmd, nproc, ...)`` for ``torchrun --standalone --nproc_per_node NPROC`` where what a test checks is
+the ranks' work, not the launcher (the ranks get torchrun's variables and rendezvous store; tests/test_fork_server.py
+compares them with torchrun's).
 
 Why: a new process that trains spends ~3.5-4 CPU-s importing torch (1.7 s), torch._dynamo (1.2 s: torch's optimizer
 imports it on construction), DeepSpeed and the trainer before its first step, on a 2-core machine where the suite is
@@ -18,7 +21,10 @@ otherwise share the server's). ``OMP_NUM_THREADS`` in the request's environment 
 What it cannot see, so launches that depend on these use ``subprocess`` (``run`` refuses the ones it can detect):
 import-time behaviour (what importing torch, DeepSpeed or the trainer prints or costs, environment variables read
 at import such as ``PYTHONPATH`` or ``DS_ACCELERATOR``), interpreter start-up options, and launches that signal,
-kill or wait on a process group (the child shares the server's group).
+kill or wait on a process group (a single child shares the server's group). For groups: torchrun's agent itself
+(forwarding signals, restarts, its exit status and report, multi-node rendezvous); the suite keeps torchrun for
+those (tests/test_preemption.py, test_trainer_multiproc.py's kill -9, test_run_lock.py, test_checkpoint.py's disk
+full, fine-tuning on 2 ranks, every Slurm test).
 
 The server is started on first use, one per test process (each pytest-xdist worker has its own), and exits when its
 stdin closes (at the end of the test process).
@@ -74,17 +80,58 @@ def _serve(preload: list[str]) -> dict | None:
         request = json.loads(line)
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            requests.close()
-            replies.close()
-            return request
-        replies.write(json.dumps({"pid": pid}) + "\n")
+        pids = []
+        for rank in request.get("ranks") or [{}]:  # a group: one fork per rank, each with its own variables and files
+            pid = os.fork()
+            if pid == 0:
+                requests.close()
+                replies.close()
+                return {**request, **rank}
+            pids.append(pid)
+        replies.write(json.dumps({"pids": pids}) + "\n")
         replies.flush()
-        _, status = os.waitpid(pid, 0)
-        replies.write(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}) + "\n")
+        codes, first_failed = _wait_group(pids)
+        replies.write(json.dumps({"returncodes": codes, "first_failed": first_failed}) + "\n")
         replies.flush()
     return None
+
+
+# torchrun's grace period: after one rank fails, the others get SIGTERM and this long before SIGKILL
+GROUP_GRACE_S = 30.0
+
+
+def _wait_group(pids: list[int]) -> tuple[list[int], int | None]:
+    """Wait for every process of a launch; once one exits non-zero, stop the others as torchrun's agent does (SIGTERM
+    to each rank's session, SIGKILL after ``GROUP_GRACE_S``). Returns the exit statuses in launch order and the index
+    of the first process that failed (None if none did)."""
+    import time
+
+    codes: dict[int, int] = {}
+    failed_at = first_failed = None
+    while len(codes) < len(pids):
+        pid, status = os.waitpid(-1, 0 if failed_at is None else os.WNOHANG)
+        if pid == 0:  # stopping the survivors
+            if time.monotonic() - failed_at > GROUP_GRACE_S:
+                _signal_group([p for p in pids if p not in codes], signal.SIGKILL)
+            time.sleep(0.05)
+            continue
+        codes[pid] = os.waitstatus_to_exitcode(status)
+        if codes[pid] != 0 and failed_at is None:
+            failed_at, first_failed = time.monotonic(), pids.index(pid)
+            _signal_group([p for p in pids if p not in codes], signal.SIGTERM)
+    return [codes[p] for p in pids], first_failed
+
+
+def _signal_group(pids: list[int], sig: int) -> None:
+    """``sig`` to each process's session (a rank and its data-loader workers), or to the process alone."""
+    for pid in pids:
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
 
 def _child(request: dict) -> None:
@@ -93,6 +140,8 @@ def _child(request: dict) -> None:
     import random
     import runpy
 
+    if request.get("ranks"):  # a rank of a group: its own session, as torchrun starts each rank
+        os.setsid()
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -154,7 +203,8 @@ class ForkServer:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
 
-    def run(self, cmd: list[str], cwd=None, env=None, timeout: float | None = None) -> subprocess.CompletedProcess:
+    def run(self, cmd: list[str], cwd=None, env=None, timeout: float | None = None,
+            nproc: int | None = None) -> subprocess.CompletedProcess:
         cmd = [str(c) for c in cmd]
         flag = cmd[1] if len(cmd) > 1 and cmd[1].startswith("-") else None
         if cmd[0] != sys.executable or len(cmd) < 2 or flag not in (None, "-m", "-c") or (flag and len(cmd) < 3):
@@ -177,23 +227,40 @@ class ForkServer:
         code = cmd[2] if cmd[1] == "-c" else None
         script = None if cmd[1] in ("-m", "-c") else cmd[1]
         args = cmd[2:] if script else cmd[3:]
+        store = None
         with tempfile.TemporaryDirectory(prefix="fork_server") as tmp:
-            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-            out.touch()
-            err.touch()
+            files = [(Path(tmp) / f"stdout{r}", Path(tmp) / f"stderr{r}") for r in range(nproc or 1)]
+            for out, err in files:
+                out.touch()
+                err.touch()
             request = {"module": module, "code": code, "script": script, "args": args,
-                       "cwd": str(cwd or os.getcwd()), "env": env, "stdout": str(out), "stderr": str(err)}
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-            pid = self._reply(60)["pid"]
-            reply = self._reply(timeout)
+                       "cwd": str(cwd or os.getcwd()), "env": env, "stdout": str(files[0][0]),
+                       "stderr": str(files[0][1])}
+            if nproc is not None:
+                store, ranks = _group(env, nproc, Path(tmp))
+                request["ranks"] = [{"env": rank_env, "stdout": str(out), "stderr": str(err)}
+                                    for rank_env, (out, err) in zip(ranks, files)]
+            try:
+                self.proc.stdin.write(json.dumps(request) + "\n")
+                self.proc.stdin.flush()
+                pids = self._reply(60)["pids"]
+                reply = self._reply(timeout)
+                if reply is None:
+                    if nproc is None:
+                        os.kill(pids[0], signal.SIGKILL)
+                    else:
+                        _signal_group(pids, signal.SIGKILL)
+                    self._reply(None)
+            finally:
+                del store  # the group's rendezvous store (torchrun's agent store) closes with its launch
+            out = "".join(o.read_text(errors="replace") for o, _ in files)
+            err = "".join(e.read_text(errors="replace") for _, e in files)
             if reply is None:
-                os.kill(pid, signal.SIGKILL)
-                self._reply(None)
-                raise subprocess.TimeoutExpired(cmd, timeout, out.read_text(errors="replace"),
-                                                err.read_text(errors="replace"))
-            return subprocess.CompletedProcess(cmd, reply["returncode"], out.read_text(errors="replace"),
-                                               err.read_text(errors="replace"))
+                raise subprocess.TimeoutExpired(cmd, timeout, out, err)
+            codes, first = reply["returncodes"], reply["first_failed"]
+            proc = subprocess.CompletedProcess(cmd, 0 if first is None else codes[first], out, err)
+            proc.returncodes = codes
+            return proc
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -201,7 +268,40 @@ class ForkServer:
             self.proc.wait(30)
 
 
+def _group(env: dict, nproc: int, tmp: Path):
+    """The rendezvous store and each rank's environment for a group of ``nproc`` ranks on this host, as torchrun's
+    agent provides them (torch/distributed/elastic/agent/server/local_elastic_agent.py): the agent's TCPStore, bound
+    here to a port the OS picks (so no probe-then-pass race), that every rank joins as a client
+    (``TORCHELASTIC_USE_AGENT_STORE``); the same variables with the same values, the run id and each rank's error
+    file aside; ``OMP_NUM_THREADS=1`` unless set (torch.distributed.run's default for more than one rank)."""
+    import uuid
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    common = {"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_NAME": "default", "WORLD_SIZE": str(nproc),
+              "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": "localhost",
+              "MASTER_PORT": str(store.port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+              "TORCHELASTIC_RUN_ID": str(uuid.uuid4()), "TORCHELASTIC_USE_AGENT_STORE": "True",
+              "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+              "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
+    if nproc > 1:
+        common["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
+    return store, [{**env, **common, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r),
+                    "TORCHELASTIC_ERROR_FILE": str(tmp / f"attempt_0/{r}/error.json")} for r in range(nproc)]
+
+
 _server: ForkServer | None = None
+
+
+def _get_server() -> ForkServer:
+    """This test process's server, started on first use (and again if it died)."""
+    global _server
+    if _server is None or _server.proc.poll() is not None:
+        _server = ForkServer()
+        import atexit
+        atexit.register(_server.close)
+    return _server
 
 
 def run(cmd: list[str], cwd=None, env=None, timeout: float | None = None) -> subprocess.CompletedProcess:
@@ -209,12 +309,22 @@ def run(cmd: list[str], cwd=None, env=None, timeout: float | None = None) -> sub
     ``[sys.executable, "-m", MODULE, ...]``, ``[sys.executable, "-c", CODE, ...]`` or ``[sys.executable, SCRIPT, ...]``
     command, forked from this test
     process's server (started on first use)."""
-    global _server
-    if _server is None or _server.proc.poll() is not None:
-        _server = ForkServer()
-        import atexit
-        atexit.register(_server.close)
-    return _server.run(cmd, cwd=cwd, env=env, timeout=timeout)
+    return _get_server().run(cmd, cwd=cwd, env=env, timeout=timeout)
+
+
+def run_ranks(cmd: list[str], nproc: int, cwd=None, env=None, timeout: float | None = None
+              ) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node NPROC`` for a ``run`` command, without the agent process and the
+    per-rank interpreter start-up: ``nproc`` forks, each in its own session with the variables torchrun gives its
+    ranks, joining a rendezvous store this process hosts (as the agent hosts it). When one rank exits non-zero the
+    others get SIGTERM, then SIGKILL after ``GROUP_GRACE_S``, as torchrun stops them. The result's stdout and stderr
+    are the ranks' outputs one after the other in rank order (torchrun interleaves them); its returncode is the exit
+    status of the first rank to fail, or 0 (torchrun exits 1 and names that rank), and ``returncodes`` holds each
+    rank's.
+
+    What it cannot see: the agent itself (its signal forwarding, restarts, rendezvous over the network, its own exit
+    status and messages) and each rank's interpreter start-up. Tests about those launch torchrun."""
+    return _get_server().run(cmd, cwd=cwd, env=env, timeout=timeout, nproc=nproc)
 
 
 def _run_child(request: dict) -> None:

@@ -1,8 +1,9 @@
-"""Launched by tests/test_lamb_zero.py under ``torchrun --nproc_per_node N``: train a tiny encoder with Lamb through
-DeepSpeed at several ZeRO stages and write the final fp32 parameters (and losses) to one file for the test to compare.
+"""Launched by tests/test_lamb_zero.py on N ranks (forked with torchrun's environment; torchrun itself works too):
+train a tiny encoder with Lamb through DeepSpeed at several ZeRO stages and write the final fp32 parameters (and
+losses) to one file for the test to compare.
 
-One launch per world size runs every requested configuration in turn (a DeepSpeed engine starts in ~1 s, a torchrun
-launch costs several), so the suite stays within its time budget. Also importable: the test builds the same model and
+One launch per world size runs every requested configuration in turn (a DeepSpeed engine starts in ~1 s, a launch
+costs more), so the suite stays within its time budget. Also importable: the test builds the same model and
 data for its float64 reference.
 
     torchrun --nproc_per_node 2 tests/lamb_zero_worker.py --out R.pt --stages 0,1,2,3 --naive 2 --resume-dir D

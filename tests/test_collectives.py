@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
+import fork_server
 import pytest
 
 from trainer.config import load_config
@@ -19,12 +18,6 @@ REPO = Path(__file__).resolve().parents[1]
 GPU_RECIPES = sorted(p.stem for p in (REPO / "trainer" / "recipes").glob("*.yaml") if not p.stem.startswith("tiny"))
 # The configs the worker counts, and the optimizer each is counted with
 COUNTED = {"ds_configs/zero1_bf16.json": "adamw", "ds_configs/zero1_bf16_lamb.json": "lamb"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("recipe", GPU_RECIPES)
@@ -45,10 +38,10 @@ def test_collectives_per_step_do_not_grow_with_accumulation(tmp_path):
     """Steps 2 and 3 at accumulation 1, 4 and 64: the default configs make the same calls with the same elements;
     ZeRO-2 (the old default, counted in the same launch) grows with every micro-batch."""
     out = tmp_path / "collectives.json"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()),
-                           str(REPO / "tests" / "collective_count_worker.py"), str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    # the ranks fork from a process that imported torch and DeepSpeed, with torchrun's environment and rendezvous
+    # (tests/fork_server.py run_ranks): the count is the engine's, whatever started the ranks
+    proc = fork_server.run_ranks([sys.executable, str(REPO / "tests" / "collective_count_worker.py"), str(out)], 2,
+                                 cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     counts = json.loads(out.read_text())
     per_case: dict[str, set] = {}

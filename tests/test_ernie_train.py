@@ -1,8 +1,8 @@
 """End to end: tiny ERNIE 1.0 on the in-repo Chinese corpus and tiny ERNIE 2.0 with five tasks (ZeRO-1, fp32, CPU),
 from tokenizer to shards to side-car. Each learns on 1 rank (one process, one thread: the 2-rank learning run of
 tiny_ernie2 cost 163 CPU-s against 81 on 1 rank, measured alone), and a short run of the same recipe on 2 ranks
-(torchrun, gloo, through ``python -m trainer.pretrain``) equals, step by step, 1 rank accumulating the same
-micro-batches.
+(gloo, through ``python -m trainer.pretrain``, the ranks forked with torchrun's environment) equals, step by step,
+1 rank accumulating the same micro-batches.
 
 The tasks that compare two texts (DLM real/fake, sentence distance) learn from generated languages whose signal is
 known (tests/finetune_tasks.py): on the classical-Chinese dialogues and the docstrings they stayed near their priors
@@ -69,12 +69,11 @@ def _one_rank(*runs: tuple) -> str:
 
 
 def _two_ranks(recipe: str, run_dir: Path, *sets: str) -> str:
-    """One run on 2 ranks under torchrun, through ``python -m trainer.pretrain``; returns its output."""
-    # --standalone: torchrun binds a free port itself and keeps it (a port probed here and passed on could be taken
-    # by another job in between)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-           "trainer.pretrain", "--config", recipe, "--set", f"run_dir={run_dir}", *_sets(sets)]
-    return _check(subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO)).stdout
+    """One run of ``python -m trainer.pretrain`` on 2 ranks, forked with torchrun's environment and rendezvous
+    (tests/fork_server.py run_ranks: what is compared is the ranks' arithmetic, not the launcher; torchrun itself runs
+    the trainer in tests/test_preemption.py and the Slurm tests); returns its output."""
+    cmd = [sys.executable, "-m", "trainer.pretrain", "--config", recipe, "--set", f"run_dir={run_dir}", *_sets(sets)]
+    return _check(fork_server.run_ranks(cmd, 2, timeout=TIMEOUT, cwd=REPO, env=dict(os.environ))).stdout
 
 
 def _records(run_dir: Path) -> tuple[list[dict], list[dict]]:

@@ -1,11 +1,14 @@
-"""tests/fork_server.py, the suite's launcher for single-process runs: a fork of a process that has imported torch,
-DeepSpeed and the trainer must give what ``subprocess.run`` gives for the same command (exit status, output, the
-environment, cwd and argv it sees), and refuse what it cannot give."""
+"""tests/fork_server.py, the suite's launcher for single-process runs and groups of ranks: a fork of a process that has
+imported torch, DeepSpeed and the trainer must give what ``subprocess.run`` gives for the same command (exit status,
+output, the environment, cwd and argv it sees), and refuse what it cannot give; forked ranks must see what torchrun's
+ranks see (variables, session, threads, a working gloo group) and be stopped as torchrun stops them."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +103,80 @@ def test_the_accelerator_choice_of_the_imports_is_accepted_set_or_unset():
                            timeout=60).stdout == "cpu\n"
     with pytest.raises(ValueError, match="DS_ACCELERATOR"):
         fork_server.run([sys.executable, "-c", code], env=dict(bare, DS_ACCELERATOR="cuda"))
+
+
+# ------------------------------------------------------------------------------------------- groups of ranks
+# What a rank sees: the variables torchrun set (new or changed from the launching environment), its session, its
+# threads, and a real all-reduce over the group's rendezvous; written to OUT/rank<r>.json (torchrun interleaves the
+# ranks' consoles).
+RANK_PROBE = """
+import json, os, sys
+import torch, torch.distributed as dist
+base = json.load(open(sys.argv[1]))
+new = {k: v for k, v in os.environ.items() if base.get(k) != v}
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+json.dump({"env": new, "sum": t.item(), "session_leader": os.getsid(0) == os.getpid(),
+           "threads": torch.get_num_threads(), "world": dist.get_world_size()},
+          open(os.path.join(sys.argv[2], "rank%d.json" % dist.get_rank()), "w"))
+dist.destroy_process_group()
+"""
+# differ by construction between two launches (or name a launch's own temporary folder)
+PER_LAUNCH = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"}
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_forked_ranks_see_what_torchrun_gives_its_ranks(nproc, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    (tmp_path / "base.json").write_text(json.dumps(env))
+    seen = {}
+    for how in ("torchrun", "fork"):
+        out = tmp_path / how
+        out.mkdir()
+        cmd = [sys.executable, "-c", RANK_PROBE, str(tmp_path / "base.json"), str(out)]
+        if how == "torchrun":
+            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                                   str(nproc), "--no-python", *cmd], env=env, capture_output=True, text=True,
+                                  timeout=120)
+        else:
+            proc = fork_server.run_ranks(cmd, nproc, env=env, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        seen[how] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+    for rank, (real, forked) in enumerate(zip(seen["torchrun"], seen["fork"])):
+        assert sorted(forked["env"]) == sorted(real["env"]), rank
+        assert {k: v for k, v in forked["env"].items() if k not in PER_LAUNCH} == \
+            {k: v for k, v in real["env"].items() if k not in PER_LAUNCH}, rank
+        assert forked["env"]["MASTER_PORT"] != "0"
+        for key in ("sum", "session_leader", "threads", "world"):
+            assert forked[key] == real[key], (rank, key, forked[key], real[key])
+    assert seen["fork"][0]["sum"] == nproc * (nproc + 1) / 2
+
+
+def test_a_failed_rank_stops_the_others_and_its_status_is_returned(tmp_path):
+    """Rank 1 exits 3; rank 0, blocked in a barrier that rank 1 never joins, is stopped (SIGTERM, as torchrun's agent
+    sends it) instead of waiting out gloo's timeout."""
+    code = ("import sys, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+            "if dist.get_rank() == 1:\n    print('rank 1 fails', flush=True)\n    sys.exit(3)\n"
+            "dist.barrier()\nprint('never')\n")
+    start = time.monotonic()
+    proc = fork_server.run_ranks([sys.executable, "-c", code], 2, timeout=120)
+    assert time.monotonic() - start < fork_server.GROUP_GRACE_S
+    assert proc.returncodes == [-15, 3] and proc.returncode == 3, (proc.returncodes, proc.stderr)
+    assert "rank 1 fails" in proc.stdout and "never" not in proc.stdout
+
+
+def test_a_group_past_its_timeout_is_killed_with_its_children(tmp_path):
+    """Every rank's session is killed: the rank and what it started (a data-loader worker stands in as a child)."""
+    code = ("import os, subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            "open(os.path.join(sys.argv[1], os.environ['RANK']), 'w').write(f'{os.getpid()} {child.pid}')\n"
+            "time.sleep(600)\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        fork_server.run_ranks([sys.executable, "-c", code, str(tmp_path)], 2, timeout=5)
+    import psutil
+    pids = [int(p) for r in (0, 1) for p in (tmp_path / str(r)).read_text().split()]
+    time.sleep(0.5)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, alive
+    assert fork_server.run([sys.executable, "-c", "print('next')"], timeout=60).stdout == "next\n"

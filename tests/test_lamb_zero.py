@@ -1,7 +1,8 @@
 """Lamb under DeepSpeed ZeRO 0-3 on 1, 2 and 4 gloo ranks equals a float64, unpartitioned reference LAMB.
 
 On 2 ranks also ZeRO 2 and 3 with the optimizer offloaded to cpu, and the real encoder (tiny-albert) at ZeRO 2.
-One torchrun per world size (tests/lamb_zero_worker.py trains every stage in turn and writes the final parameters);
+One launch per world size (tests/lamb_zero_worker.py trains every stage in turn and writes the final parameters; the
+ranks are forked with torchrun's environment, tests/fork_server.py run_ranks);
 the reference is ``test_lamb.reference_lamb`` run here on the same model, data, gradient clipping and global batch.
 Also: the same optimizer without ``bind_zero_layout`` (a naive per-partition LAMB) fails the comparison; in bf16
 (ZeRO-1's BF16_Optimizer, ZeRO 2, ZeRO 3) one step replayed from DeepSpeed's own fp32 masters, gradients and moments
@@ -21,7 +22,6 @@ sys.path.insert(0, str(HERE))
 import fork_server  # noqa: E402
 import lamb_zero_worker as worker  # noqa: E402
 from test_lamb import clip_reference, reference_lamb  # noqa: E402
-from test_trainer_multiproc import _free_port  # noqa: E402
 
 
 # fp32 against float64 after 20 steps at lr 2e-2 differs by ~4e-5 at most (measured 2.6e-5 .. 4.5e-5 over every
@@ -32,17 +32,14 @@ pytestmark = pytest.mark.multiproc
 
 
 def _launch(nproc: int, out: Path, *args: str) -> dict:
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     worker_cmd = [str(HERE / "lamb_zero_worker.py"), "--out", str(out), *args]
-    if nproc == 1:  # one process needs no launcher (an agent costs ~2 CPU-s): the environment torchrun would set
-        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-        env.pop("PYTHONWARNINGS")  # read at start-up: the fork server's children keep the test process's filters
-        cmd = [sys.executable, *worker_cmd]
-        proc = fork_server.run(cmd, cwd=out.parent, env=env, timeout=600)  # forked: torch already imported
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               *worker_cmd]
-        proc = subprocess.run(cmd, cwd=out.parent, env=env, capture_output=True, text=True, timeout=600)
+    # The ranks are forks of a process that has imported torch and DeepSpeed, with torchrun's environment and
+    # rendezvous (tests/fork_server.py run_ranks): what is compared here is the optimizer's arithmetic across ranks
+    # and ZeRO stages, not the launcher (tests/test_preemption.py, test_trainer_multiproc.py and the Slurm tests
+    # launch torchrun itself).
+    cmd = [sys.executable, *worker_cmd]
+    proc = fork_server.run_ranks(cmd, nproc, cwd=out.parent, env=env, timeout=600)
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-6000:]}")
     return torch.load(out, weights_only=False)

@@ -1,9 +1,12 @@
-"""Real multi-process runs of trainer/pretrain.py (torchrun, gloo, CPU fp32) with the stand-in components of
+"""Real multi-process runs of trainer/pretrain.py (gloo, CPU fp32) with the stand-in components of
 tests/test_trainer_standin.py: ZeRO stage equivalence, bit-identical resume after kill -9, resume on another world
 size through DeepSpeed's universal checkpoint, preemption, the NaN guard, evaluation, plots.
 
-Each launch costs ~8 s here (DeepSpeed start-up dominates), so runs are shared between tests through module-scoped
-fixtures and every test combines the checks one launch allows.
+The ranks are forks of a process that has imported torch and DeepSpeed, with torchrun's environment and rendezvous
+(``run(..., launcher="fork")``, tests/fork_server.py): a rank's start-up as a new interpreter costs ~4 CPU-s and
+torchrun's agent ~2, more than the few steps most of these runs take. What depends on the launcher uses the real one:
+the kill -9 (torchrun tears the job down), the preemption signal (mpirun), and tests/test_preemption.py, the Slurm
+tests. Runs are still shared between tests through module-scoped fixtures.
 """
 from __future__ import annotations
 
@@ -75,14 +78,22 @@ def command(config: Path, nproc: int, *extra: str, launcher: str = "torchrun") -
             str(STANDIN), "--config", str(config), *extra]
 
 
-def run(config: Path, nproc: int = 2, *extra: str, expect: int | None = 0) -> subprocess.CompletedProcess:
+def run(config: Path, nproc: int = 2, *extra: str, expect: int | None = 0,
+        launcher: str = "fork") -> subprocess.CompletedProcess:
+    """One launch of the stand-in trainer. ``launcher="fork"``: the process (1 rank) or ranks are forks of a process
+    that has imported torch and DeepSpeed, the ranks with torchrun's environment and rendezvous (tests/fork_server.py;
+    ~4 CPU-s of imports and ~2 of torchrun's agent saved per rank and launch); ``"torchrun"``: torchrun itself, for
+    what depends on the launcher (its teardown, signals, exit status)."""
     # One thread per process, as torchrun sets for its workers: two OpenMP threads on 2 shared cores stall at every
     # barrier while a neighbour holds a core.
-    cmd, env = command(config, nproc, *extra), dict(os.environ, OMP_NUM_THREADS="1")
-    if nproc == 1:  # a fork of a process that has imported torch and DeepSpeed (tests/fork_server.py)
-        proc = fork_server.run(cmd, cwd=REPO, env=env, timeout=TIMEOUT)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if nproc == 1:  # no launcher at all: the trainer makes its own 1-rank group
+        proc = fork_server.run(command(config, 1, *extra), cwd=REPO, env=env, timeout=TIMEOUT)
+    elif launcher == "fork":
+        proc = fork_server.run_ranks(command(config, 1, *extra), nproc, cwd=REPO, env=env, timeout=TIMEOUT)
     else:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO, env=env)
+        proc = subprocess.run(command(config, nproc, *extra, launcher=launcher), capture_output=True, text=True,
+                              timeout=TIMEOUT, cwd=REPO, env=env)
     if expect is not None:
         assert proc.returncode == expect, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     # start-up noise known to be irrelevant is silenced in every rank (data_prep/known_noise.py, tests/test_known_noise.py)
@@ -93,13 +104,11 @@ def run(config: Path, nproc: int = 2, *extra: str, expect: int | None = 0) -> su
 
 def run_several(runs: list[tuple], nproc: int = 2) -> subprocess.CompletedProcess:
     """Independent runs, each ``(config, *extra arguments)``, one after the other in one launch
-    (tests/several_runs.py): one start-up for all of them."""
+    (tests/several_runs.py; ranks forked as in ``run``): one start-up for all of them."""
     from several_runs import joined
     args = joined([["--config", str(config), *extra] for config, *extra in runs])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           str(SEVERAL), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = fork_server.run_ranks([sys.executable, str(SEVERAL), *args], nproc, cwd=REPO,
+                                 env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=TIMEOUT)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     assert [f"several_runs: run {k} exited 0" in proc.stdout for k in range(len(runs))] == [True] * len(runs)
     return proc
