@@ -419,6 +419,12 @@ def main(argv=None) -> int:
                    help="real I/O instead: non-sparse .bin, --shards shards, ERNIE side-cars, cold page cache, 2 ranks "
                         "x 2 loader workers per format, the builder at 1/2/16 workers (--sizes: 2M,20M by default)")
     p.add_argument("--shards", type=int, default=1000, help="--io: shards per corpus")
+    p.add_argument("--io-parts", default="build,formats",
+                   help="--io: build (our builder at 1/2/16 workers and megatron-core's), formats (per format: the "
+                        "ranks' start, rank 0's open alone, reads), or both")
+    p.add_argument("--formats", default="segment-pair,full-sentences,sop-pair,ernie", help="--io: the formats measured")
+    p.add_argument("--cold-repeats", type=int, default=1,
+                   help="--io: cold starts of the 2 ranks per format (each after a page-cache drop), for their spread")
     p.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a._child:

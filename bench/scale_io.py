@@ -1,6 +1,7 @@
 """The data path at real I/O (issue 25), the ``--io`` mode of bench/scale.py, kept in its own module:
 
     python bench/scale_io.py [--sizes 2M,20M] [--shards 1000] [--out bench/out/scale_io]
+                             [--io-parts build,formats] [--formats segment-pair,...] [--cold-repeats N]
 
 Shards whose ``.bin`` holds random tokens (every byte written), an ERNIE span side-car
 per shard, and a sparse twin of the same corpus as the baseline. Before each cold measurement every corpus and cache
@@ -8,7 +9,9 @@ file gets ``posix_fadvise(DONTNEED)`` (the resident fraction after it, from finc
 builder at 1, 2 and 16 workers (wall, CPU, peak RSS) against megatron-core's ``build_mapping``; per format (BERT's
 segment-pair, RoBERTa's full-sentences, ALBERT's sop-pair, ERNIE 1.0 with side-cars) two rank processes started
 together (RANK 0 and 1) with 2 forked loader workers each: start to first micro-batch, cold and warm, and every file
-under the corpus folder each rank and worker opens (an audit hook); µs per sample at real I/O against the sparse twin.
+under the corpus folder each rank and worker opens (an audit hook); the cold start ``--cold-repeats`` times in all,
+for its spread; rank 0's open alone on a cold cache (no other process reading beside it); µs per sample at real I/O
+against the sparse twin. Each stage's caches are deleted once it is measured (at 500M sentences they are 2-3 GB each).
 
 The corpora, the builder and megatron-core's children and the child-process runner are bench/scale.py's (each
 measurement runs in a fresh process through its ``--_child`` entry point).
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -112,6 +116,17 @@ def child_prebuild(a) -> dict:
     t0, c0 = time.perf_counter(), cpu_seconds()
     ds, _, _ = _io_dataset({**a, "workers": 0})
     return {"build_s": time.perf_counter() - t0, "cpu_s": cpu_seconds() - c0, "samples": len(ds), "peak": peak_rss()}
+
+
+def child_open_alone(a) -> dict:
+    """Rank 0's open of the dataset on the prebuilt caches, alone (no other rank, no loader workers): its check of
+    every shard against the manifest and the cache maps. RANK 0 of 2, as torchrun would set it."""
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2")
+    import torch  # noqa: F401  (imported before the data, as in a rank)
+
+    t0 = time.perf_counter()
+    _io_dataset({**a, "workers": 0})
+    return {"open_s": time.perf_counter() - t0}
 
 
 def child_rank(a) -> dict:
@@ -217,27 +232,43 @@ def measure_io(size: int, a, out: Path) -> dict:
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         tmp = Path(tmp)
         base = {"prefix": str(prefix), "seq": a.seq, "root": str(folder)}
+        parts = set(getattr(a, "io_parts", "build,formats").split(","))
+        formats = [f for f in IO_FORMATS if f in getattr(a, "formats", ",".join(IO_FORMATS)).split(",")]
         # the builder (segment-pair) at 1, 2 and 16 workers, cold page cache each time
-        for w in (1, 2, 16):
+        for w in (1, 2, 16) if "build" in parts else ():
             res[f"resident_before_build_{w}"] = drop_page_cache([folder])
             res[f"build_{w}"] = run_child("build", {**base, "fmt": "segment-pair", "cache": str(tmp / f"b{w}"),
                                                     "workers": w})
         # megatron-core's builder cold too, then both warm (the files just read): the same cache state each side
-        res["resident_before_megatron"] = drop_page_cache([folder])
-        res["megatron"] = run_child("megatron", {**base, "fmt": "segment-pair", "cache": str(tmp / "b1")})
-        res["megatron_warm"] = run_child("megatron", {**base, "fmt": "segment-pair", "cache": str(tmp / "b1")})
-        res["build_1_warm"] = run_child("build", {**base, "fmt": "segment-pair", "cache": str(tmp / "b1w"),
-                                                  "workers": 1})
-        for fmt in IO_FORMATS:
+        if "build" in parts:
+            res["resident_before_megatron"] = drop_page_cache([folder])
+            res["megatron"] = run_child("megatron", {**base, "fmt": "segment-pair", "cache": str(tmp / "b1")})
+            res["megatron_warm"] = run_child("megatron", {**base, "fmt": "segment-pair", "cache": str(tmp / "b1")})
+            res["build_1_warm"] = run_child("build", {**base, "fmt": "segment-pair", "cache": str(tmp / "b1w"),
+                                                      "workers": 1})
+            for w in (1, 2, 16):  # the builder's caches, no longer needed: the disk may be short at large sizes
+                shutil.rmtree(tmp / f"b{w}", ignore_errors=True)
+            shutil.rmtree(tmp / "b1w", ignore_errors=True)
+        for fmt in formats if "formats" in parts else ():
             common = {**base, "fmt": fmt, "cache": str(tmp / f"c-{fmt}"), "workers": 2}
             r = res[fmt] = {"prebuild": run_child("prebuild", common)}
             r["resident_before_ranks"] = drop_page_cache([folder, tmp / f"c-{fmt}"])
             r["cold"] = run_ranks(common, 2, tmp / "opens.log")
+            # the same cold start again (its spread), then rank 0's open alone on a cold cache: no other rank or
+            # loader worker reading beside it
+            r["cold_again"] = []
+            for _ in range(getattr(a, "cold_repeats", 1) - 1):
+                drop_page_cache([folder, tmp / f"c-{fmt}"])
+                r["cold_again"].append(run_ranks(common, 2, tmp / "opens.log"))
+            r["resident_before_open_alone"] = drop_page_cache([folder, tmp / f"c-{fmt}"])
+            r["open_alone"] = run_child("open_alone", common)
             r["warm"] = run_ranks(common, 2, tmp / "opens.log")
             sparse_common = {**common, "prefix": str(sparse), "cache": str(tmp / f"s-{fmt}")}
             run_child("prebuild", sparse_common)
             r["reads_real"] = run_child("reads", common)
             r["reads_sparse"] = run_child("reads", sparse_common)
+            for cache in (tmp / f"c-{fmt}", tmp / f"s-{fmt}"):  # measured: room for the next format's
+                shutil.rmtree(cache, ignore_errors=True)
     return res
 
 
@@ -247,18 +278,19 @@ def report_io(r: dict) -> str:
 
     lines = [f"== real I/O: {r['sentences']:,} sentences in {r['shards']} shards, {r['bin_bytes'] / 2**30:.2f} GB of "
              f"tokens written (not sparse) =="]
-    for w in (1, 2, 16):
+    for w in (1, 2, 16) if "build_1" in r else ():
         b = r[f"build_{w}"]
         lines.append(f"builder, {w:2d} workers (cold cache, resident before {g(r[f'resident_before_build_{w}'], '{:.1%}')}"
                      f"): {g(b.get('total_s'))} s wall, {g(b.get('cpu_s'))} CPU-s, peak RSS "
                      f"{gb(b.get('peak', {}).get('self'))}, {b.get('error', '')}")
-    for ours, theirs, cache in (("build_1", "megatron", "cold"), ("build_1_warm", "megatron_warm", "warm")):
+    for ours, theirs, cache in (("build_1", "megatron", "cold"), ("build_1_warm", "megatron_warm", "warm")) \
+            if "build_1" in r else ():
         m, b = r.get(theirs, {}), r.get(ours, {})
         lines.append(f"megatron-core build_mapping on the same corpus, {cache} cache: {g(m.get('bert_total_s'))} s "
                      f"wall, {g(m.get('bert_cpu_s'))} CPU-s, peak RSS {gb(m.get('bert_peak'))}; ours (1 worker, "
                      f"{cache}) {g(b.get('total_s'))} s: ours/megatron "
                      f"{g(b['total_s'] / m['bert_total_s'] if m.get('bert_total_s') and 'total_s' in b else None)}x")
-    for fmt in IO_FORMATS:
+    for fmt in [f for f in IO_FORMATS if f in r]:
         f = r[fmt]
         pre, cold, warm = f["prebuild"], f["cold"], f["warm"]
         if "error" in cold or "error" in warm or "error" in pre:
@@ -275,10 +307,18 @@ def report_io(r: dict) -> str:
             f"{g(rr.get('us_per_sample_first_pass'), '{:.0f}')} first / {g(rr.get('us_per_sample_warm'), '{:.0f}')} "
             f"warm, sparse {g(rs.get('us_per_sample_warm'), '{:.0f}')} warm: real/sparse warm "
             f"{g(rr['us_per_sample_warm'] / rs['us_per_sample_warm'] if rs.get('us_per_sample_warm') else None)}x")
+        again = [x for x in f.get("cold_again", []) if "error" not in x]
+        if again:
+            lines.append(f"{'':14s}  the cold start again: " + ", ".join(
+                f"{g(x['start_to_first_batch_max_s'])} s (rank 0's open {g(x['ranks'][0]['open_s'])} s)" for x in again))
+        if "open_alone" in f:
+            lines.append(f"{'':14s}  rank 0's open alone, cold (resident before "
+                         f"{g(f['resident_before_open_alone'], '{:.1%}')}): {g(f['open_alone'].get('open_s'))} s "
+                         f"{f['open_alone'].get('error', '')}")
     return "\n".join(lines)
 
 
-CHILDREN = {"prebuild": child_prebuild, "rank": child_rank, "reads": child_reads}
+CHILDREN = {"prebuild": child_prebuild, "open_alone": child_open_alone, "rank": child_rank, "reads": child_reads}
 
 
 def run(a, p) -> int:
@@ -291,7 +331,8 @@ def run(a, p) -> int:
     for size in [parse_size(s) for s in sizes.split(",")]:
         r = measure_io(size, a, out)
         r.update({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seq": a.seq, "cpus": os.cpu_count()})
-        results[f"{size}-{a.shards}"] = r
+        # a run of some parts keeps the others' earlier figures for this size in the file (its report: this run's)
+        results[f"{size}-{a.shards}"] = {**results.get(f"{size}-{a.shards}", {}), **r}
         results_path.write_text(json.dumps(results, indent=1))
         print(report_io(r), flush=True)
     return 0
