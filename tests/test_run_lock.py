@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import fork_server
 import pytest
 
 from trainer.run_lock import LOCK_NAME, RunLock, RunLockedError, RunLockLostError
@@ -145,8 +146,9 @@ def test_second_launch_is_refused_while_the_first_lives_and_takes_over_after_kil
         while not (run_dir / "metrics.jsonl").exists():  # the first launch is training
             assert first.poll() is None and time.time() < deadline, "the first launch did not start training"
             time.sleep(0.5)
-        second = subprocess.run(command(endless, 1), cwd=REPO, env=env, capture_output=True, text=True,
-                                timeout=240)
+        # the second and third launches are forks of a process that has imported the trainer (tests/fork_server.py):
+        # each is its own process with its own pid, which is what the lock compares
+        second = fork_server.run(command(endless, 1), cwd=REPO, env=env, timeout=240)
         assert first.poll() is None  # the refusal happened while the first one lived
         assert second.returncode == 1, second.stderr[-3000:]
         assert f"in use by a live launch (host {socket.gethostname()}, pid {first.pid}" in second.stderr
@@ -158,8 +160,7 @@ def test_second_launch_is_refused_while_the_first_lives_and_takes_over_after_kil
     assert (run_dir / LOCK_NAME).exists()  # kill -9: no chance to release
     short = make_config(tmp_path, "run", train={"steps": 2, "global_batch_size": 8, "micro_batch_size": 2,
                                                 "eval_every": 0, "eval_batches": 2})
-    third = subprocess.run(command(short, 1, "--resume", "none"), cwd=REPO, env=env, capture_output=True,
-                           text=True, timeout=240)
+    third = fork_server.run(command(short, 1, "--resume", "none"), cwd=REPO, env=env, timeout=240)
     assert third.returncode == 0, third.stderr[-3000:]
     assert "taking over the stale lock" in third.stderr and f"its process {first.pid} on this host is gone" \
         in third.stderr
