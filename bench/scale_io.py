@@ -232,8 +232,8 @@ def measure_io(size: int, a, out: Path) -> dict:
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         tmp = Path(tmp)
         base = {"prefix": str(prefix), "seq": a.seq, "root": str(folder)}
-        parts = set(getattr(a, "io_parts", "build,formats").split(","))
-        formats = [f for f in IO_FORMATS if f in getattr(a, "formats", ",".join(IO_FORMATS)).split(",")]
+        parts = set(a.io_parts.split(","))
+        formats = [f for f in IO_FORMATS if f in a.formats.split(",")]
         # the builder (segment-pair) at 1, 2 and 16 workers, cold page cache each time
         for w in (1, 2, 16) if "build" in parts else ():
             res[f"resident_before_build_{w}"] = drop_page_cache([folder])
@@ -246,9 +246,8 @@ def measure_io(size: int, a, out: Path) -> dict:
             res["megatron_warm"] = run_child("megatron", {**base, "fmt": "segment-pair", "cache": str(tmp / "b1")})
             res["build_1_warm"] = run_child("build", {**base, "fmt": "segment-pair", "cache": str(tmp / "b1w"),
                                                       "workers": 1})
-            for w in (1, 2, 16):  # the builder's caches, no longer needed: the disk may be short at large sizes
-                shutil.rmtree(tmp / f"b{w}", ignore_errors=True)
-            shutil.rmtree(tmp / "b1w", ignore_errors=True)
+            for name in ("b1", "b2", "b16", "b1w"):  # the builder's caches, measured: the disk may be short
+                shutil.rmtree(tmp / name, ignore_errors=True)
         for fmt in formats if "formats" in parts else ():
             common = {**base, "fmt": fmt, "cache": str(tmp / f"c-{fmt}"), "workers": 2}
             r = res[fmt] = {"prebuild": run_child("prebuild", common)}
@@ -257,7 +256,7 @@ def measure_io(size: int, a, out: Path) -> dict:
             # the same cold start again (its spread), then rank 0's open alone on a cold cache: no other rank or
             # loader worker reading beside it
             r["cold_again"] = []
-            for _ in range(getattr(a, "cold_repeats", 1) - 1):
+            for _ in range(a.cold_repeats - 1):
                 drop_page_cache([folder, tmp / f"c-{fmt}"])
                 r["cold_again"].append(run_ranks(common, 2, tmp / "opens.log"))
             r["resident_before_open_alone"] = drop_page_cache([folder, tmp / f"c-{fmt}"])

@@ -236,7 +236,7 @@ class ForkServer:
             request = {"module": module, "code": code, "script": script, "args": args,
                        "cwd": str(cwd or os.getcwd()), "env": env, "stdout": str(files[0][0]),
                        "stderr": str(files[0][1])}
-            if nproc is not None:
+            if nproc is not None:  # each rank's own variables and files replace the request's
                 store, ranks = _group(env, nproc, Path(tmp))
                 request["ranks"] = [{"env": rank_env, "stdout": str(out), "stderr": str(err)}
                                     for rank_env, (out, err) in zip(ranks, files)]
@@ -246,10 +246,7 @@ class ForkServer:
                 pids = self._reply(60)["pids"]
                 reply = self._reply(timeout)
                 if reply is None:
-                    if nproc is None:
-                        os.kill(pids[0], signal.SIGKILL)
-                    else:
-                        _signal_group(pids, signal.SIGKILL)
+                    _signal_group(pids, signal.SIGKILL)  # a rank's session; a single child alone
                     self._reply(None)
             finally:
                 del store  # the group's rendezvous store (torchrun's agent store) closes with its launch
@@ -307,8 +304,7 @@ def _get_server() -> ForkServer:
 def run(cmd: list[str], cwd=None, env=None, timeout: float | None = None) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, cwd=cwd, env=env, timeout=timeout, capture_output=True, text=True)`` for a
     ``[sys.executable, "-m", MODULE, ...]``, ``[sys.executable, "-c", CODE, ...]`` or ``[sys.executable, SCRIPT, ...]``
-    command, forked from this test
-    process's server (started on first use)."""
+    command, forked from this test process's server (started on first use)."""
     return _get_server().run(cmd, cwd=cwd, env=env, timeout=timeout)
 
 
