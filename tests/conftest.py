@@ -19,6 +19,14 @@ os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One intra-op thread per process unless the caller chose otherwise: `make test` runs two xdist workers on 2 cores,
+# and beside them their launches (forked ranks, torchrun ranks, the Slurm jobs' one rank per node, which torchrun
+# leaves at the default of one thread per core); with the default every process brought a second thread to the same
+# two cores and the tiny models' ops gained nothing from it (whole suite, idle, same host: 471.6 s with the default,
+# 422.2 s with one thread; the CPU bf16 matmuls of bench/gpu.sh --cpu-smoke 60.8 -> 34.4 s). Launched processes
+# inherit it; tests/fork_server.py applies it to its forks.
+if not os.environ.get("OMP_NUM_THREADS"):
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 
 @pytest.fixture(scope="session")
@@ -88,4 +96,6 @@ class _GroupCheck:
 
 
 def pytest_configure(config):
+    if "torch" in sys.modules:  # imported before this file set OMP_NUM_THREADS (a plugin): apply it now
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     config.pluginmanager.register(_GroupCheck(), "bertfamily-group-check")

@@ -16,7 +16,8 @@ running the module or script as ``__main__`` through ``runpy`` (so the ``if __na
 stderr to files; an uncaught exception prints its traceback and exits 1, atexit handlers and non-daemon threads run
 at exit, as in any interpreter. Python's and numpy's global random states are reseeded from the OS (a fork would
 otherwise share the server's). ``OMP_NUM_THREADS`` in the request's environment is applied with
-``torch.set_num_threads`` (OpenMP read it when the server loaded torch).
+``torch.set_num_threads`` (OpenMP read it when the server loaded torch); a request without it gets the count a new
+interpreter picks.
 
 What it cannot see, so launches that depend on these use ``subprocess`` (``run`` refuses the ones it can detect):
 import-time behaviour (what importing torch, DeepSpeed or the trainer prints or costs, environment variables read
@@ -48,6 +49,9 @@ _THIS_FILE = str(Path(__file__).resolve())
 PRELOAD = ("trainer.engine", "trainer.pretrain", "trainer.loop", "trainer.checkpoint", "trainer.export_hf",
            "trainer.finetune", "torch._dynamo", "torch.optim", "torch.utils.tensorboard", "deepspeed",
            "test_trainer_standin")
+# Whether the server's torch read OMP_NUM_THREADS when it loaded (tests/conftest.py sets it): a child whose request
+# lacks it then gets the count a new interpreter would pick, not the server's.
+SERVER_THREADS_SET = bool(os.environ.get("OMP_NUM_THREADS"))
 # Read at import (by the server, for every child): a request that changes them would not take effect.
 IMPORT_TIME_ENV = ("PYTHONPATH", "DS_ACCELERATOR", "PYTHONWARNINGS", "TORCHDYNAMO_DISABLE", "TORCH_COMPILE_DISABLE",
                    "PYTHONHASHSEED")
@@ -155,9 +159,13 @@ def _child(request: dict) -> None:
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
-    if request["env"].get("OMP_NUM_THREADS"):
+    threads = request["env"].get("OMP_NUM_THREADS")
+    if not threads and SERVER_THREADS_SET:  # what a new interpreter without the variable picks (torch's rule: cores)
+        threads = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                                 env=request["env"], capture_output=True, text=True, check=True).stdout
+    if threads:
         import torch
-        torch.set_num_threads(int(request["env"]["OMP_NUM_THREADS"]))
+        torch.set_num_threads(int(threads))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if request["code"] is not None:
         sys.argv = ["-c", *request["args"]]
