@@ -148,16 +148,28 @@ class SlurmCluster:
         self.procs.clear()
         self.kill_leftovers()
 
-    def kill_leftovers(self) -> list[int]:
-        """SIGKILL processes (other than this one) whose environment carries this cluster's marker."""
-        killed = []
-        for proc in psutil.process_iter(["pid"]):
+    def processes(self, match=lambda cmd, env: True) -> list[psutil.Process]:
+        """The live processes (other than this one) whose environment carries this cluster's marker and for which
+        ``match(command line, environment)`` holds: a job's tasks, found by ``SLURM_NODEID``, ``SLURM_STEP_ID`` ..."""
+        found = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
             if proc.pid == os.getpid():
                 continue
             try:
-                if proc.environ().get(MARKER) == str(self.root):
-                    proc.kill()
-                    killed.append(proc.pid)
+                env = proc.environ()
+                if env.get(MARKER) == str(self.root) and match(" ".join(proc.info["cmdline"] or []), env):
+                    found.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+                continue
+        return found
+
+    def kill_leftovers(self) -> list[int]:
+        """SIGKILL processes (other than this one) whose environment carries this cluster's marker."""
+        killed = []
+        for proc in self.processes():
+            try:
+                proc.kill()
+                killed.append(proc.pid)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                 continue
         return killed

@@ -20,7 +20,7 @@ import time
 import psutil
 import pytest
 
-from slurm_cluster import MARKER, slurm_cluster  # noqa: F401  (fixture)
+from slurm_cluster import slurm_cluster  # noqa: F401  (fixture)
 from test_slurm_training import (  # noqa: F401  (corpus: fixture)
     JOB_TIMEOUT, assert_completed, corpus, latest_step, losses, records, resumed_at, sets, submit,
 )
@@ -129,17 +129,10 @@ def _freeze_node_task(cluster, job: int, node_id: str, timeout: float = JOB_TIME
     appears; it has not connected yet: torchrun spends seconds importing torch before its rendezvous."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = []
-        for proc in psutil.process_iter(["pid", "cmdline"]):
-            try:
-                cmd = " ".join(proc.info["cmdline"] or [])
-                env = proc.environ()
-            except (psutil.Error, OSError):
-                continue
-            if (env.get(MARKER) == str(cluster.root) and env.get("SLURM_NODEID") == node_id
-                    and env.get("SLURM_STEP_ID") not in (None, "batch") and "torchrun" in cmd):
-                proc.send_signal(signal.SIGSTOP)
-                found.append(proc)
+        found = cluster.processes(lambda cmd, env: env.get("SLURM_NODEID") == node_id
+                                  and env.get("SLURM_STEP_ID") not in (None, "batch") and "torchrun" in cmd)
+        for proc in found:
+            proc.send_signal(signal.SIGSTOP)
         if found:
             return found
         state = cluster.job(job).get("JobState")

@@ -25,7 +25,7 @@ import psutil
 import pytest
 import yaml
 
-from slurm_cluster import MARKER, slurm_cluster  # noqa: F401  (fixture)
+from slurm_cluster import slurm_cluster  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [
@@ -316,14 +316,5 @@ def test_bert_base_template_runs_both_phases_across_a_time_limit_requeue(slurm_c
 
 def _rank_processes(cluster, node_id: str) -> list[psutil.Process]:
     """The training ranks (not torchrun) that this cluster's node ``node_id`` runs."""
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            cmd = " ".join(proc.info["cmdline"] or [])
-            env = proc.environ()
-        except (psutil.Error, OSError):
-            continue
-        if (env.get(MARKER) == str(cluster.root) and env.get("SLURM_NODEID") == node_id and "RANK" in env
-                and "pretrain.py" in cmd and "torchrun" not in cmd):
-            found.append(proc)
-    return found
+    return cluster.processes(lambda cmd, env: env.get("SLURM_NODEID") == node_id and "RANK" in env
+                             and "pretrain.py" in cmd and "torchrun" not in cmd)
