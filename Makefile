@@ -21,8 +21,10 @@ $(VENV)/.stamp: setup.py
 	$(BIN)/python -m trainer.build_ops
 	touch $@
 
-# Two pytest-xdist workers; each module stays on one worker and the Slurm modules share one (tests/conftest.py)
-XDIST = -n 2 --dist loadgroup
+# Three pytest-xdist workers on the 2 cores: the third fills the time the others wait (Slurm polling, KillWait, the
+# rendezvous timeout, signals landing): with one thread per process, 370.2 / 383.2 s against 418.8-430.3 s at two
+# (BENCHMARKS.md "Test suite"). Each module stays on one worker (tests/conftest.py).
+XDIST = -n 3 --dist loadgroup
 
 test: venv wheels
 	$(BIN)/python -m pytest -q $(XDIST)

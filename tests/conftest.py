@@ -19,7 +19,7 @@ os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# One intra-op thread per process unless the caller chose otherwise: `make test` runs two xdist workers on 2 cores,
+# One intra-op thread per process unless the caller chose otherwise: `make test` runs three xdist workers on 2 cores,
 # and beside them their launches (forked ranks, torchrun ranks, the Slurm jobs' one rank per node, which torchrun
 # leaves at the default of one thread per core); with the default every process brought a second thread to the same
 # two cores and the tiny models' ops gained nothing from it (whole suite, idle, same host: 471.6 s with the default,
@@ -53,10 +53,10 @@ def zh_corpus() -> Path:
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run where torch sees a CUDA GPU and are skipped elsewhere.
 
-    Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) each module's tests stay on one worker, so a
+    Under pytest-xdist (``make test`` runs ``-n 3 --dist loadgroup``) each module's tests stay on one worker, so a
     module-scoped fixture (a prepared corpus, reference runs) is built once, not once per worker. The groups must be
     marked before pytest-xdist's worker hook turns them into node-id suffixes (``tryfirst``): marked after it, they
-    were ignored, and a module's tests (and its module-scoped runs) were spread over both workers. (Each worker starts
+    were ignored, and a module's tests (and its module-scoped runs) were spread over the workers. (Each worker starts
     its own Slurm test cluster, tests/slurm_cluster.py, for the Slurm modules it gets.)
 
     The modules are reordered longest first (a weight from their markers: Slurm tests, then slow ones), since
