@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 from pathlib import Path
 
 import pytest
 
 from slurm_cluster import slurm_cluster  # noqa: F401  (fixture)
 from test_slurm_training import (  # noqa: F401  (corpus: fixture)
-    LOADER, assert_completed, corpus, latest_step, records, resumed_at, sets, submit, wait_for_steps,
+    LOADER, assert_completed, corpus, latest_step, records, resumed_at, sets, signal_lands_mid_run, submit,
 )
 
 pytestmark = [
@@ -109,8 +110,8 @@ def test_electra_base_template_trains_both_networks_and_a_preempted_run_resumes_
 
     preempted = tmp_path / "preempted"
     job = submit(slurm_cluster, "electra_base.sh", tmp_path / "preempted.out", RUN_DIR=str(preempted), **env)
-    wait_for_steps(preempted, 2, slurm_cluster, job)
-    slurm_cluster.client("scontrol", "requeue", str(job))
+    with signal_lands_mid_run(slurm_cluster, job, preempted, 2, signal.SIGTERM):
+        slurm_cluster.client("scontrol", "requeue", str(job))
     slurm_cluster.release_requeued(job)
     text = assert_completed(slurm_cluster, job, tmp_path / "preempted.out")
     info = slurm_cluster.job(job)
@@ -127,7 +128,8 @@ def test_ernie2_base_template_resumes_the_continual_plan_mid_stage_after_the_tim
         slurm_cluster, cased_corpus, tmp_path):
     # tiny_ernie2's plan at a fifth of its iterations (60, 60, 60, 60, 300): stage 0 = steps 1-20 (mlm), stage 1 =
     # 21-50 (+ capitalization, token_document), stage 2 from 51 (+ sentence_reorder, sentence_distance). 100 steps
-    # cross both boundaries and leave 70 steps after the warning at step 30 for it to reach the ranks. (The recipe's own plan, 2,050 steps, learns in tests/test_ernie_train.py; here the
+    # cross both boundaries; the warning comes at step 30, in stage 1, and the ranks take it at step 31
+    # (signal_lands_mid_run). (The recipe's own plan, 2,050 steps, learns in tests/test_ernie_train.py; here the
     # template's resume inside a stage is the point, and the 300 steps of the full plan's boundaries cost ~2 min.)
     steps, stage0, stage1 = 100, range(1, 21), range(21, 51)
     plan = " ".join(f"objective.options.continual.tasks.{i}.iterations={n}" for i, n in enumerate((60,) * 4 + (300,)))
@@ -160,8 +162,8 @@ def test_ernie2_base_template_resumes_the_continual_plan_mid_stage_after_the_tim
     # The time-limit warning (USR1 to the batch shell, as --signal=B:USR1@600 sends it) in stage 1.
     warned = tmp_path / "warned"
     job = submit(slurm_cluster, "ernie2_base.sh", tmp_path / "warned.out", RUN_DIR=str(warned), **env)
-    wait_for_steps(warned, 30, slurm_cluster, job)
-    slurm_cluster.client("scancel", "--batch", "--signal=USR1", str(job))
+    with signal_lands_mid_run(slurm_cluster, job, warned, 30, signal.SIGUSR1):
+        slurm_cluster.client("scancel", "--batch", "--signal=USR1", str(job))
     slurm_cluster.release_requeued(job)
     text = assert_completed(slurm_cluster, job, tmp_path / "warned.out")
     info = slurm_cluster.job(job)

@@ -17,7 +17,9 @@ short, and every test checks all that its launches allow.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -94,6 +96,72 @@ def wait_for_steps(run_dir: Path, n: int, cluster, job: int, timeout: float = JO
         time.sleep(0.3)
 
 
+def job_ranks(cluster) -> list[psutil.Process]:
+    """The training ranks of this cluster's running job: the children of the nodes' torchrun, not their loader
+    workers (forks of a rank, with its command line and environment)."""
+    def is_rank(cmd, env):
+        return "RANK" in env and "pretrain.py" in cmd and "torchrun" not in cmd
+
+    ranks = []
+    for proc in cluster.processes(is_rank):
+        with contextlib.suppress(psutil.Error):
+            if "torchrun" in " ".join(proc.parent().cmdline()):
+                ranks.append(proc)
+    return ranks
+
+
+def _state(proc: psutil.Process) -> tuple[str, int]:
+    """(state letter, pending-signal mask) from /proc/PID/status ("gone" when the process has exited)."""
+    try:
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+    except OSError:
+        return "gone", 0
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return fields["State"].split()[0], int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+
+
+@contextlib.contextmanager
+def signal_lands_mid_run(cluster, job: int, run_dir: Path, step: int, signum: int, ranks: int = 2,
+                         timeout: float = JOB_TIMEOUT):
+    """Stop (SIGSTOP) the job's ranks once ``run_dir`` has logged ``step``, run the block (which sends ``signum``
+    to the job), and continue them (SIGCONT) once ``signum`` is pending in every rank, or once Slurm has continued
+    them itself (a job termination sends SIGCONT before SIGTERM). A rank then takes the signal within a step or two
+    of ``step``, whatever the load.
+
+    Why: the signal otherwise raced the run. A tiny step takes 25-60 ms, and the signal ~1 s to go from the batch
+    shell through srun and torchrun to the ranks; in a CI run with three xdist workers (2026-12-05) the BERT
+    template's phase 1 (20 steps) finished before the time-limit warning reached it. The ranks are found while
+    they start, so that stopping them costs no process scan after ``step``. Stopping a process is not something
+    Slurm does here: it stands for a step still running when the signal comes."""
+    deadline = time.monotonic() + timeout
+    checked = 0.0
+    procs: list[psutil.Process] = []
+    while len(procs) != ranks or max(losses(run_dir), default=0) < step:
+        now = time.monotonic()
+        if now - checked > 1.0:  # scontrol and a process scan: about once a second, not at every poll
+            checked = now
+            state = cluster.job(job).get("JobState")
+            assert now < deadline and state in ("PENDING", "RUNNING"), (
+                f"job {job} did not reach step {step} with {ranks} ranks: {state}, {procs}\n" + cluster.job_output(job))
+            if len(procs) != ranks:
+                procs = job_ranks(cluster)
+        time.sleep(0.01)
+    for proc in procs:
+        proc.send_signal(signal.SIGSTOP)
+    try:
+        while any(_state(proc)[0] not in ("T", "t", "gone") for proc in procs):
+            time.sleep(0.005)
+        yield
+        while any(state in ("T", "t") and not pending >> (signum - 1) & 1
+                  for state, pending in map(_state, procs)):
+            assert time.monotonic() < deadline, f"signal {signum} never reached the ranks {procs}"
+            time.sleep(0.02)
+    finally:
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGCONT)
+
+
 def latest_step(run_dir: Path) -> int | None:
     latest = run_dir / "checkpoints" / "latest"
     return int(latest.read_text().strip().removeprefix("global_step")) if latest.exists() else None
@@ -119,7 +187,7 @@ def resumed_at(text: str) -> list[int]:
             if "resumed from" in line and " at step " in line]
 
 
-ROBERTA_STEPS = 40  # stops after steps 2 and ~5-15; each signal lands a few steps later (up to ~10 under load)
+ROBERTA_STEPS = 40  # stopped at step 3 and two steps past the resume (signal_lands_mid_run), then run to the end
 
 
 @pytest.fixture(scope="module")
@@ -180,20 +248,18 @@ def test_roberta_large_template_resumes_after_a_requeue_and_after_scancel_and_re
     (Two tests with a launch each more before 2026-12-05, one per stop.)"""
     run = tmp_path / "run"
     job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "first.out", RUN_DIR=str(run), **roberta_env)
-    wait_for_steps(run, 2, slurm_cluster, job)
-    slurm_cluster.client("scontrol", "requeue", str(job))  # SIGTERM to every process of the job, as a preemption
+    with signal_lands_mid_run(slurm_cluster, job, run, 2, signal.SIGTERM):
+        slurm_cluster.client("scontrol", "requeue", str(job))  # SIGTERM to every process of the job, a preemption
     slurm_cluster.release_requeued(job)
     # the requeued job: two steps past its resume, then cancelled
     deadline = time.monotonic() + JOB_TIMEOUT
-    while True:
-        text = (tmp_path / "first.out").read_text(errors="replace")
-        resumed = resumed_at(text)
-        if resumed and max(losses(run), default=0) >= resumed[0] + 2:
-            break
+    while not (resumed := resumed_at((tmp_path / "first.out").read_text(errors="replace"))):
         state = slurm_cluster.job(job).get("JobState")
-        assert time.monotonic() < deadline and state in ("PENDING", "RUNNING", "REQUEUED"), (state, text[-6000:])
-        time.sleep(0.3)
-    slurm_cluster.client("scancel", str(job))
+        assert time.monotonic() < deadline and state in ("PENDING", "RUNNING", "REQUEUED"), (
+            state, (tmp_path / "first.out").read_text(errors="replace")[-6000:])
+        time.sleep(0.1)
+    with signal_lands_mid_run(slurm_cluster, job, run, resumed[0] + 2, signal.SIGTERM):
+        slurm_cluster.client("scancel", str(job))
     info = slurm_cluster.wait_job(job, JOB_TIMEOUT)
     text = (tmp_path / "first.out").read_text(errors="replace")
     assert info["JobState"] == "CANCELLED" and info["Restarts"] == "1", (info, text[-6000:])
@@ -292,8 +358,8 @@ def test_bert_base_template_runs_both_phases_across_a_time_limit_requeue(slurm_c
     job = submit(slurm_cluster, "bert_base.sh", tmp_path / "bert.out", PHASE1_CONFIG=str(phase1),
                  PHASE2_CONFIG=str(phase2), DATA_PREFIX=str(corpus), RUN_DIR=str(run),
                  EXTRA_SETS=sets(checkpoint__every_steps=0, logging__every_steps=1, optim__lr=2e-3) + " " + LOADER)
-    wait_for_steps(run / "phase1", 2, slurm_cluster, job)
-    slurm_cluster.client("scancel", "--batch", "--signal=USR1", str(job))
+    with signal_lands_mid_run(slurm_cluster, job, run / "phase1", 2, signal.SIGUSR1):
+        slurm_cluster.client("scancel", "--batch", "--signal=USR1", str(job))
     slurm_cluster.release_requeued(job)
     text = assert_completed(slurm_cluster, job, tmp_path / "bert.out")
     assert slurm_cluster.job(job)["Restarts"] == "1"
