@@ -17,9 +17,10 @@ that every daemon and every job inherits. Daemons also get ``PR_SET_PDEATHSIG`` 
 Tests use the ``slurm_cluster`` fixture below (``from slurm_cluster import slurm_cluster``; pytest puts tests/ on
 sys.path): one cluster per pytest session (``slurm_cluster_session``, which conftest.py makes visible to every
 module), ~2 s to start plus the first jobs' warm-up, shared by the Slurm test modules of that session (under
-pytest-xdist, of that worker: each worker that gets a Slurm module runs its own cluster, each on its own ports and folders). At the end of each module
-its leftover jobs are cancelled and drained nodes resumed, so a module never sees another's jobs or a drained node. Without the Slurm/munge programs the fixture skips, except
-under CI (``CI=true``), where it fails so that CI can never pass by skipping the cluster tests.
+pytest-xdist, of that worker: each worker that gets a Slurm module runs its own cluster, on its own ports and
+folders). At the end of each module its leftover jobs are cancelled and drained nodes resumed, so a module never sees
+another's jobs or a drained node. Without the Slurm/munge programs the fixture skips, except under CI (``CI=true``),
+where it fails so that CI can never pass by skipping the cluster tests.
 """
 from __future__ import annotations
 

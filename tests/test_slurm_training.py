@@ -96,11 +96,12 @@ def wait_for_steps(run_dir: Path, n: int, cluster, job: int, timeout: float = JO
         time.sleep(0.3)
 
 
-def job_ranks(cluster) -> list[psutil.Process]:
-    """The training ranks of this cluster's running job: the children of the nodes' torchrun, not their loader
-    workers (forks of a rank, with its command line and environment)."""
+def job_ranks(cluster, node_id: str | None = None) -> list[psutil.Process]:
+    """The training ranks of this cluster's running job (on node ``node_id`` only, if given): the children of the
+    nodes' torchrun, not their loader workers (forks of a rank, with its command line and environment)."""
     def is_rank(cmd, env):
-        return "RANK" in env and "pretrain.py" in cmd and "torchrun" not in cmd
+        return ("RANK" in env and "pretrain.py" in cmd and "torchrun" not in cmd
+                and node_id in (None, env.get("SLURM_NODEID")))
 
     ranks = []
     for proc in cluster.processes(is_rank):
@@ -305,7 +306,7 @@ def test_albert_xxlarge_template_with_lamb_survives_a_killed_rank(slurm_cluster,
            "EXTRA_SETS": sets(train__steps=steps, checkpoint__every_steps=4, logging__every_steps=1, optim__lr=1e-2)}
     job = submit(slurm_cluster, "albert_xxlarge.sh", tmp_path / "first.out", **env)
     wait_for_steps(run, 5, slurm_cluster, job)
-    victims = _rank_processes(slurm_cluster, node_id="1")
+    victims = job_ranks(slurm_cluster, node_id="1")
     assert len(victims) == 1, victims
     # Kill one or two steps after a checkpoint (every 4 steps), so that the killed run has done steps past its last
     # checkpoint that the resubmission must redo; polled tightly: a step takes longer than this loop.
@@ -379,8 +380,3 @@ def test_bert_base_template_runs_both_phases_across_a_time_limit_requeue(slurm_c
     assert_falls(one)
     assert two[1] < one[1] - 0.05, (one, two)
 
-
-def _rank_processes(cluster, node_id: str) -> list[psutil.Process]:
-    """The training ranks (not torchrun) that this cluster's node ``node_id`` runs."""
-    return cluster.processes(lambda cmd, env: env.get("SLURM_NODEID") == node_id and "RANK" in env
-                             and "pretrain.py" in cmd and "torchrun" not in cmd)
