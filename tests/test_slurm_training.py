@@ -379,4 +379,3 @@ def test_bert_base_template_runs_both_phases_across_a_time_limit_requeue(slurm_c
     # tiny model starts near ln(vocab)).
     assert_falls(one)
     assert two[1] < one[1] - 0.05, (one, two)
-
