@@ -14,10 +14,11 @@
 # printout to $OUT/gpu_bench.txt; without $OUT, to /tmp):
 #   env                  device, versions, GPU memory, datasheet bf16 peak, a measured bf16 matmul peak
 #   model_stages_core    bench/model_stages.py --part core: BERT-large seq 512 bf16 model step on full / 10 % short /
-#                        packed rows (ms, tokens/s, MFU, peak memory), compiled full and packed, one profiled step's
-#                        kernel split and attention kernels, device idle time at accumulation 4
+#                        packed rows (ms, tokens/s, MFU, peak memory), then compiled (the CUDA default) full and packed
 #   trainer_step         bench/trainer_step.py: the trainer's step through the DeepSpeed bf16 engine, ZeRO-1 then
 #                        ZeRO-2, accumulation 4 then 1, AdamW and LAMB, syncs per step, against the bare model step
+#   model_stages_profile bench/model_stages.py --part profile: one profiled step's kernel split (GEMM / attention /
+#                        elementwise) and attention kernels, device idle time at accumulation 4
 #   hf_comparison        our logits against Hugging Face's on the GPU (fp32, bf16, unpadded, varlen kernels), then our
 #                        BERT-large training step against BertForPreTraining at seq 128, 512, 512 with 50 % padding
 #   model_stages_others  RoBERTa-large packed, ALBERT-xxlarge, ELECTRA-large model steps
@@ -38,8 +39,9 @@ cd "$(dirname "$0")/.."
 START=$(date +%s)
 export BENCH_DEADLINE="${BENCH_DEADLINE:-$(( START + ${BUDGET_S:-480} ))}"
 TOTAL=$(( BENCH_DEADLINE - START ))
-ORDER="env model_stages_core trainer_step hf_comparison model_stages_others"
-declare -A KEEP=([env]=0 [model_stages_core]=30 [trainer_step]=22 [hf_comparison]=12 [model_stages_others]=12)
+ORDER="env model_stages_core trainer_step model_stages_profile hf_comparison model_stages_others"
+declare -A KEEP=([env]=0 [model_stages_core]=28 [trainer_step]=20 [model_stages_profile]=8 [hf_comparison]=10
+                 [model_stages_others]=10)
 export PYTHONUNBUFFERED=1  # a stage cut by its timeout still leaves every line it printed
 export STEPS="${STEPS:-20}" BATCH_TOKENS="${BATCH_TOKENS:-8192}" SMOKE="${SMOKE:-0}"
 OUTDIR="${OUT:-/tmp}"
@@ -186,6 +188,13 @@ elif started trainer_step; then
         --jsonl "$OUTDIR/gpu_bench.jsonl" 2>&1 | { grep -v -E "$DS_NOISE" || true; } | tee -a "$OUTDIR/gpu_bench.txt" \
         || rc=$?
     finished trainer_step "$rc"
+fi
+# ---------------------------------------------------------------- one profiled step, idle time at accumulation 4
+if started model_stages_profile; then
+    rc=0
+    timeout -k 10 "$LIMIT" "$PYTHON" bench/model_stages.py --part profile --deadline "$STAGE_DEADLINE" $SMOKE_FLAG \
+        --jsonl "$OUTDIR/gpu_bench.jsonl" 2>&1 | { grep -v "^USDT" || true; } | tee -a "$OUTDIR/gpu_bench.txt" || rc=$?
+    finished model_stages_profile "$rc"
 fi
 # ---------------------------------------------------------------- correctness and speed against Hugging Face
 if started hf_comparison; then
