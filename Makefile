@@ -8,7 +8,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: venv test test-fast quickstart bench gpu-wheels wheels clean
+.PHONY: venv test test-fast quickstart bench gpu-wheels gpu-preflight wheels clean
 
 venv: $(VENV)/.stamp
 
@@ -47,6 +47,11 @@ bench: venv bench/out/megatron_lm
 # Wheels bench/gpu.sh installs (pip --no-index) on a GPU node that has only Python 3.12, torch, transformers, triton.
 gpu-wheels: venv
 	bash bench/gpu_wheels.sh bench/out/wheels
+
+# bench/gpu.sh --cpu-smoke in the GPU node's Python 3.12, torch 2.11.0 and transformers 5.17.0 with those wheels, in a
+# venv under /tmp (~5 GB download once): run it before spending device time (bench/gpu_preflight.sh).
+gpu-preflight: venv
+	bash bench/gpu_preflight.sh
 
 # The same wheels for `make test` (tests/test_bench_gpu_smoke.py installs bench/gpu.sh's from them), fetched once like
 # the venv; without network the test tries again itself and, failing, skips only its trainer-step part.
