@@ -64,10 +64,13 @@ def _serve(preload: list[str]) -> dict | None:
     import importlib
 
     sys.path.insert(0, str(REPO / "tests"))
+    # the replies keep the pipe; what the imports print goes to stderr (DeepSpeed's "Setting accelerator to CPU" with
+    # a CUDA build of torch on a machine without a GPU), where it is seen and cannot be read as a reply
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     for name in preload:
         importlib.import_module(name)
     requests = os.fdopen(os.dup(0), "r")
-    replies = os.fdopen(os.dup(1), "w")
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)

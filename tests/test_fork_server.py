@@ -96,6 +96,10 @@ def test_the_accelerator_choice_of_the_imports_is_accepted_set_or_unset():
     """DS_ACCELERATOR: the product's import sets it (cpu here) where it is unset, so a request with it unset or set to
     that value imports as the server did, whatever the test process's own environment holds when the server starts;
     another value is refused."""
+    import torch
+
+    if torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None:
+        pytest.skip("with a GPU build of torch the product's import leaves DS_ACCELERATOR unset (known_noise)")
     code = "import os; print(os.environ.get('DS_ACCELERATOR'))"
     bare = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     assert fork_server.run([sys.executable, "-c", code], env=bare, timeout=60).stdout == "None\n"
