@@ -30,7 +30,9 @@
 #                     node that hangs before starting torchrun, or cannot reach the first node's MASTER_PORT, fails
 #                     the job after this long instead of holding the allocation until the time limit)
 #   SAVE_TIMEOUT      seconds torchrun lets ranks finish their preemption checkpoint before SIGKILL (default 540;
-#                     keep it below the lead time of --signal=B:USR1@N and above the time one save takes)
+#                     keep it below the lead time of --signal=B:USR1@N and above the time one save takes). Needs a
+#                     torchrun with --shutdown-timeout (torch 2.13 has it, 2.11 not): an older one waits a fixed 30 s,
+#                     and the job log says so at start
 #   BUILD_INDEX       1 (default): before each launch, build the run's data caches (corpus arrays, sample index) on
 #                     the batch host with trainer.data.build_index, so no rank waits for them; skipped in seconds
 #                     when they exist. 0: leave it to rank 0 at start (the other ranks wait, data.index_wait_timeout)
@@ -64,6 +66,28 @@ is not a bertfamily checkout (no trainer/ and data_prep/): run sbatch from the r
         . "$BERTFAMILY_VENV/bin/activate"
     fi
     export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+}
+
+# bf_torchrun_options: BF_TORCHRUN_OPTS, the signal options of this torch's torchrun, read from its --help (they
+# differ by release). --signals-to-handle is required: without it torchrun does not pass the time-limit warning
+# (USR1) on to the ranks, it dies of it, and no rank saves. --shutdown-timeout (how long torchrun waits for the ranks'
+# save after passing a signal on, before SIGKILL) is used where it exists; an older torchrun waits a fixed 30 s, which
+# the job log says, since a save that takes longer is cut (the previous complete checkpoint stays valid).
+bf_torchrun_options() {
+    [ -n "${BF_TORCHRUN_OPTS+x}" ] && return 0  # read once per job (a multi-phase job launches several times)
+    local help
+    help=$(torchrun --help 2>&1) || bf_die "torchrun --help failed: $(echo "$help" | tail -n 3)"
+    [[ $help == *--signals-to-handle* ]] || bf_die "this torchrun ($(command -v torchrun)) has no --signals-to-handle: \
+it would not pass the time-limit warning (USR1) on to the ranks, so no rank could save before the job ends; use a \
+torch whose torchrun has it (2.11 and 2.13 do)"
+    BF_TORCHRUN_OPTS=(--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1)
+    if [[ $help == *--shutdown-timeout* ]]; then
+        BF_TORCHRUN_OPTS+=(--shutdown-timeout="${SAVE_TIMEOUT:-540}")
+    else
+        bf_log "warning: this torchrun has no --shutdown-timeout (torch 2.13 has it): after a preemption signal it \
+gives the ranks 30 s to save, not SAVE_TIMEOUT=${SAVE_TIMEOUT:-540} s; a longer save is cut and the job resumes from \
+the checkpoint before"
+    fi
 }
 
 # bf_setup: bf_setup_env, then the nodes, the rendezvous address, GPUs or CPU, and the signal traps.
@@ -182,6 +206,7 @@ above, $BF_LOG_DIR/build_index.log); nothing was launched"; }
     # stdout/stderr under $BF_LOG_DIR/node<N>/.
     # --cpus-per-task: the node's CPUs for the launcher, its ranks and their data-loader workers (Slurm 22.05's srun
     # no longer inherits the job's --cpus-per-task, and one CPU would starve the loaders).
+    bf_torchrun_options
     touch "$BF_LOG_DIR/launched"
     BF_LAUNCH_START=$SECONDS
     # shellcheck disable=SC2016  # $SLURM_NODEID must expand on each node, not here
@@ -191,8 +216,7 @@ above, $BF_LOG_DIR/build_index.log); nothing was launched"; }
             --log-dir="$0/node$SLURM_NODEID" "$@"' "$BF_LOG_DIR" \
         --nnodes="$BF_NNODES" --nproc-per-node="$BF_NPROC" --rdzv-backend=static \
         --master-addr="$BF_MASTER_ADDR" --master-port="$BF_MASTER_PORT" --rdzv-conf="timeout=$BF_RDZV_TIMEOUT" \
-        --max-restarts=0 --tee=3 --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \
-        --shutdown-timeout="${SAVE_TIMEOUT:-540}" \
+        --max-restarts=0 --tee=3 "${BF_TORCHRUN_OPTS[@]}" \
         "$BF_TRAIN_SCRIPT" --config "$config" "${BF_SETS[@]}" "$@" --resume auto &
     BF_SRUN_PID=$!
     while :; do

@@ -38,6 +38,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
 MARKER = "BERTFAMILY_SLURM_CLUSTER"
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
@@ -98,6 +99,12 @@ class SlurmCluster:
         self.env = dict(os.environ)
         # The venv's bin first (launched jobs inherit it; DeepSpeed recompiles with another ninja), sbin for daemons.
         self.env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), SEARCH_PATH])
+        # The jobs activate BERTFAMILY_VENV (slurm/common.sh; default: the checkout's .venv, which `make test` runs
+        # and so the default is what the tests see). A suite run from another interpreter (another torch) launches
+        # that one instead, not .venv beside it, whose DeepSpeed ops, built into the same TORCH_EXTENSIONS_DIR, would
+        # then fail to load in the other.
+        if "BERTFAMILY_VENV" not in os.environ and Path(sys.prefix).resolve() != (REPO / ".venv").resolve():
+            self.env["BERTFAMILY_VENV"] = sys.prefix if sys.prefix != sys.base_prefix else "none"
         self.env["SLURM_CONF"] = str(self.conf)
         self.env[MARKER] = str(self.root)
         for key in [k for k in self.env if k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
