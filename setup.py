@@ -2,6 +2,8 @@
 
 torch is declared but must be installed first (``pip install torch==2.13.0`` on CPU machines, or your cluster's CUDA
 build) so that the resolver does not pull a multi-GB CUDA wheel; ``make venv`` does this in the right order.
+The torch floor is the oldest release the whole suite has passed on (2.11.0, with transformers 5.17.0, on
+2026-12-05; CI runs 2.13.0): older torchruns lack options the Slurm launcher relies on (``--signals-to-handle``).
 """
 from setuptools import find_packages, setup
 
@@ -19,7 +21,7 @@ setup(
     packages=find_packages(include=["data_prep", "data_prep.*", "trainer", "trainer.*"]),
     package_data={"trainer": ["recipes/*.yaml"]},
     install_requires=[
-        "torch>=2.3",
+        "torch>=2.11",
         "deepspeed>=0.16",
         "megatron-core>=0.12",
         "numpy",
