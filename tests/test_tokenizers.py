@@ -224,7 +224,16 @@ def test_unigram_keeps_a_sentencepiece_model_equal_to_the_fast_tokenizer(trained
     # so the fast tokenizer's normalizer) turns into ", so SentencePiece itself must agree id for id on the rest.
     lines = [line.lower() for line in en_lines[:300] if line.isascii() and "``" not in line and "''" not in line]
     assert len(lines) > 100
-    assert [sp.encode(line) for line in lines] == tok.encode_batch(lines)
+    # The same pieces in another order score exactly the same ("999" + "9" and "9" + "999" in "(1-9999)", seen with
+    # Python 3.12's docstrings as the corpus): the two Viterbi implementations break that tie differently, and both
+    # are optimal. Any other difference is a disagreement.
+    ties = 0
+    for line, ours in zip(lines, tok.encode_batch(lines)):
+        theirs = sp.encode(line)
+        if ours != theirs:
+            assert sorted(ours) == sorted(theirs), (line, ours, theirs)
+            ties += 1
+    assert ties <= len(lines) // 100, ties
 
 
 def test_small_corpus_reports_the_actual_size(tmp_path, en_corpus, capsys):
