@@ -2,8 +2,9 @@
 
 torch is declared but must be installed first (``pip install torch==2.13.0`` on CPU machines, or your cluster's CUDA
 build) so that the resolver does not pull a multi-GB CUDA wheel; ``make venv`` does this in the right order.
-The torch floor is the oldest release the whole suite has passed on (2.11.0, with transformers 5.17.0, on
-2026-12-05; CI runs 2.13.0): older torchruns lack options the Slurm launcher relies on (``--signals-to-handle``).
+The torch floor is the oldest release the whole suite has passed on (2.11.0, with transformers 5.17.0, on Python
+3.11 and 3.12, 2026-12-05; CI runs 2.13.0 on 3.11): older torchruns lack options the Slurm launcher relies on
+(``--signals-to-handle``).
 """
 from setuptools import find_packages, setup
 
