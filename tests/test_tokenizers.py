@@ -135,7 +135,8 @@ def test_zh_gives_every_han_character_its_own_token(trained, zh_lines):
 def test_autotokenizer_matches_ours(trained, kind, en_lines, zh_lines):
     tok, hf = load_tokenizer(trained[kind]), _auto(trained[kind])
     name = kind.split("-")[0]
-    assert type(hf).__name__ == HF_CLASS[name]
+    # transformers 5 names the fast class BertTokenizer; 4.x calls it BertTokenizerFast
+    assert type(hf).__name__ in (HF_CLASS[name], HF_CLASS[name] + "Fast")
     assert (hf.cls_token_id, hf.sep_token_id, hf.mask_token_id, hf.pad_token_id, hf.unk_token_id) == EXPECTED_IDS[name]
     assert len(hf) == tok.vocab_size
     lines = (zh_lines if kind == "zh" else en_lines)[:300] + [ODD_TEXT, "Ünïcödé  CAFÉ  ``quoted''"]
