@@ -124,6 +124,14 @@ finished() {
     fi
 }
 SMOKE_FLAG=$([ "$SMOKE" = 1 ] && echo --smoke || true)
+# model_stages PART: the stage model_stages_PART, bench/model_stages.py --part PART under the stage's limit
+model_stages() {
+    started "model_stages_$1" || return 0
+    local rc=0
+    timeout -k 10 "$LIMIT" "$PYTHON" bench/model_stages.py --part "$1" --deadline "$STAGE_DEADLINE" $SMOKE_FLAG \
+        --jsonl "$OUTDIR/gpu_bench.jsonl" 2>&1 | { grep -v "^USDT" || true; } | tee -a "$OUTDIR/gpu_bench.txt" || rc=$?
+    finished "model_stages_$1" "$rc"
+}
 # ---------------------------------------------------------------- env: what ran, and the peaks MFU is measured against
 if started env; then
     rc=0
@@ -191,12 +199,7 @@ PY
     finished env "$rc"
 fi
 # ---------------------------------------------------------------- the bare model step of BERT-large seq 512 bf16
-if started model_stages_core; then
-    rc=0
-    timeout -k 10 "$LIMIT" "$PYTHON" bench/model_stages.py --part core --deadline "$STAGE_DEADLINE" $SMOKE_FLAG \
-        --jsonl "$OUTDIR/gpu_bench.jsonl" 2>&1 | { grep -v "^USDT" || true; } | tee -a "$OUTDIR/gpu_bench.txt" || rc=$?
-    finished model_stages_core "$rc"
-fi
+model_stages core
 # ---------------------------------------------------------------- the trainer's step through the DeepSpeed engine
 # DeepSpeed's log lines and the memory report its bf16 optimizer prints per parameter group (kept out of the printout,
 # which the device tool returns only the last 12,000 characters of; the JSON lines hold the figures)
@@ -212,12 +215,7 @@ elif started trainer_step; then
     finished trainer_step "$rc"
 fi
 # ---------------------------------------------------------------- one profiled step, idle time at accumulation 4
-if started model_stages_profile; then
-    rc=0
-    timeout -k 10 "$LIMIT" "$PYTHON" bench/model_stages.py --part profile --deadline "$STAGE_DEADLINE" $SMOKE_FLAG \
-        --jsonl "$OUTDIR/gpu_bench.jsonl" 2>&1 | { grep -v "^USDT" || true; } | tee -a "$OUTDIR/gpu_bench.txt" || rc=$?
-    finished model_stages_profile "$rc"
-fi
+model_stages profile
 # ---------------------------------------------------------------- correctness and speed against Hugging Face
 if started hf_comparison; then
     rc=0
@@ -372,10 +370,5 @@ PY
     finished hf_comparison "$rc"
 fi
 # ---------------------------------------------------------------- if time is left: the other large presets
-if started model_stages_others; then
-    rc=0
-    timeout -k 10 "$LIMIT" "$PYTHON" bench/model_stages.py --part others --deadline "$STAGE_DEADLINE" $SMOKE_FLAG \
-        --jsonl "$OUTDIR/gpu_bench.jsonl" 2>&1 | { grep -v "^USDT" || true; } | tee -a "$OUTDIR/gpu_bench.txt" || rc=$?
-    finished model_stages_others "$rc"
-fi
+model_stages others
 exit "$FAILED"
