@@ -358,28 +358,33 @@ def main(argv=None) -> int:
             return 2
     dir_skips: Counter = Counter()
     say = print if world.rank == 0 else (lambda *a, **k: None)
-    try:
-        inputs = sources.expand_inputs(args.input, dir_skips, lambda r, w: say(f"warning: skipped ({r}): {w}",
-                                                                              file=sys.stderr))
-        for path in inputs:
-            sources.check_readable(path)
-    except sources.InputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    mb = 1 << 20
-    settings = Settings(
-        json_key=args.json_key, split_sentences=args.split_sentences,
-        chunk_bytes=(int(args.chunk_size_mb * mb) if args.chunk_size_mb is not None
-                     else auto_chunk_bytes(sum(sources.input_bytes(p) for p in inputs))),
-        shard_bytes=int(args.shard_size_mb * mb), shard_sequences=args.shard_sequences,
-        max_line_bytes=int(args.max_line_mb * mb), max_document_bytes=int(args.max_document_mb * mb),
-        dtype="uint16" if tokenizer.vocab_size < 65500 else "int32",
-    )
     prefix = args.output_prefix
     workdir = Path(prefix + ".work")
+    own_outputs: list[str] = []
+    mb = 1 << 20
+    try:
+        inputs = sources.expand_inputs(args.input, dir_skips, lambda r, w: say(f"warning: skipped ({r}): {w}",
+                                                                              file=sys.stderr),
+                                       output_prefix=prefix, excluded=own_outputs)
+        if own_outputs:
+            say(f"note: {len(own_outputs)} file(s) or folder(s) of this command's own output ({prefix}.manifest.json, "
+                f"{prefix}_*, {prefix}.work/) lie under --input and are not read as input")
+        for path in inputs:
+            sources.check_readable(path)
+        settings = Settings(
+            json_key=args.json_key, split_sentences=args.split_sentences,
+            chunk_bytes=(int(args.chunk_size_mb * mb) if args.chunk_size_mb is not None
+                         else auto_chunk_bytes(sum(sources.input_bytes(p) for p in inputs))),
+            shard_bytes=int(args.shard_size_mb * mb), shard_sequences=args.shard_sequences,
+            max_line_bytes=int(args.max_line_mb * mb), max_document_bytes=int(args.max_document_mb * mb),
+            dtype="uint16" if tokenizer.vocab_size < 65500 else "int32",
+        )
+        pieces = plan_pieces(inputs, settings)
+        identity = plan_identity(inputs, settings, tokenizer, pieces)
+    except sources.InputError as err:  # an input vanished or became unreadable while the run was being planned
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
-    pieces = plan_pieces(inputs, settings)
-    identity = plan_identity(inputs, settings, tokenizer, pieces)
     if not workdir.exists() and up_to_date(prefix, identity, tokenizer):
         say(f"{mf.manifest_path(prefix)} is up to date with this command; nothing to do "
             f"(inspect it with data_prep/inspect_indexed.py {prefix})")
@@ -395,10 +400,10 @@ def main(argv=None) -> int:
     say(f"{len(inputs)} input(s), {len(pieces)} piece(s), {args.workers} worker(s)"
         + (f" x {world.size} ranks" if world.is_mpi else "") + f", tokenizer {tokenizer.kind} "
         f"vocab {tokenizer.vocab_size} -> {settings.dtype}")
-    todo_bytes = sum(sources.piece_size(p.path, p.start, p.end) for p in todo)
     _import_builder()  # before the pool forks (each worker would spend seconds importing it) and the bar starts
-    status = "ok"
+    status, todo_bytes = "ok", 0
     try:
+        todo_bytes = sum(sources.piece_size(p.path, p.start, p.end) for p in todo)
         _run_pieces(todo, args, settings, workdir, world, todo_bytes)
     except (sources.InputError, WorkerDied) as err:
         status = f"rank {world.rank}: {err}"

@@ -23,6 +23,7 @@ import glob
 import gzip
 import io
 import os
+import re
 import sysconfig
 import zlib
 from collections import Counter
@@ -74,28 +75,64 @@ def _supported(path: str) -> bool:
         return False
 
 
-def expand_inputs(specs: list[str], skipped: Counter | None = None, on_skip: SkipHook | None = None) -> list[str]:
+def output_matcher(prefix: str) -> Callable[[str], bool]:
+    """Whether a path is one of build_indexed's own outputs for ``--output-prefix prefix``: ``NAME.manifest.json``
+    (and its temporary), the shards and side-cars ``NAME_00000.*`` beside it, and anything under ``NAME.work/``.
+
+    An output folder inside an input folder must not feed the next run: the manifest and the work folder's piece
+    records are ``.json`` (read as JSON lines), side-cars are ``.spans.json``, and they change while the run goes.
+    """
+    root = os.path.realpath(os.path.dirname(prefix) or ".")
+    name = os.path.basename(prefix)
+    own = re.compile(re.escape(name) + r"(\.manifest\.json(\..*)?|_\d{5}\..*)$")
+    work = os.path.join(root, name + ".work")
+
+    def is_output(path: str) -> bool:
+        real = os.path.realpath(path)
+        if real == work or real.startswith(work + os.sep):
+            return True
+        return os.path.dirname(real) == root and own.match(os.path.basename(real)) is not None
+
+    return is_output
+
+
+def expand_inputs(specs: list[str], skipped: Counter | None = None, on_skip: SkipHook | None = None, *,
+                  output_prefix: str | None = None, excluded: list[str] | None = None) -> list[str]:
     """Files, directories (recursively, sorted, hidden entries skipped) and globs -> a list of files, in order.
 
     Duplicates are kept once (first occurrence). A spec that matches nothing raises InputError naming it. Files
     inside a directory that are not .txt/.jsonl are counted as ``unsupported_file``; an explicitly named one is an
-    error.
+    error. With ``output_prefix``, the files of that output (``output_matcher``) are never inputs: found in a
+    directory or by a glob they are left out and appended to ``excluded`` (not counted in ``skipped``, which goes
+    into the manifest: a rerun would otherwise record other counts than the first run); named explicitly they are
+    an error.
     """
     out: list[str] = []
     seen: set[str] = set()
+    is_output = output_matcher(output_prefix) if output_prefix is not None else (lambda path: False)
 
     def add(path: str) -> None:
         if path not in seen:
             seen.add(path)
             out.append(path)
 
+    def left_out(path: str) -> bool:
+        if not is_output(path):
+            return False
+        if excluded is not None:
+            excluded.append(path)
+        return True
+
     def add_dir(root: str) -> None:
         for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            dirnames[:] = sorted(d for d in dirnames
+                                 if not d.startswith(".") and not left_out(os.path.join(dirpath, d)))
             for name in sorted(filenames):
                 if name.startswith("."):
                     continue
                 path = os.path.join(dirpath, name)
+                if left_out(path):
+                    continue
                 if _supported(path):
                     add(path)
                 else:
@@ -116,7 +153,12 @@ def expand_inputs(specs: list[str], skipped: Counter | None = None, on_skip: Ski
             matches = []
         if not matches:
             raise InputError(f"input {spec!r} matches no file or directory; check the path (and quote globs)")
+        if spec == matches[0] and is_output(spec):
+            raise InputError(f"input {spec!r} is an output of this command (--output-prefix {output_prefix}); "
+                             f"remove it from --input")
         for path in matches:
+            if path != spec and left_out(path):
+                continue
             if os.path.isdir(path):
                 before = len(out)
                 add_dir(path)

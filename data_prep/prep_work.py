@@ -95,7 +95,11 @@ def plan_identity(inputs, settings, tokenizer, pieces) -> dict:
     def stat(path):
         if path == sources.PYDOCS:
             return {"path": path, "bytes": sources.input_bytes(path)}
-        st = os.stat(path)
+        try:
+            st = os.stat(path)
+        except OSError as err:
+            raise sources.InputError(f"{path}: cannot read ({err.strerror}); fix permissions or remove it from "
+                                     f"--input") from err
         return {"path": path, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
 
     return {"settings": asdict(settings), "tokenizer_fingerprint": tokenizer.fingerprint,

@@ -296,3 +296,39 @@ def test_a_cut_short_or_extended_shard_is_refused_at_open_and_the_named_command_
         IndexedCorpus(prefix)
     assert build_indexed.main(args[3:]) == 0
     assert output_files(prefix) == good
+
+
+def small_text(path: Path, docs: int = 40) -> Path:
+    """A tiny .txt input: ``docs`` documents of two sentences."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"Document {i} talks about unix. It has a second sentence.\n\n" for i in range(docs)),
+                    encoding="utf-8")
+    return path
+
+
+def test_output_inside_an_input_folder_is_never_read_as_input(en_tokenizer, tmp_path, capsys):
+    """Reviewer bug 1: with the output prefix under an --input folder, the second run read its own manifest (.json =
+    JSON lines), work-folder records and shards as input, deleted the manifest and crashed on it. Now they are left
+    out (with a note), the rerun is up to date, and a killed run's work folder is not read either."""
+    src = tmp_path / "src"
+    small_text(src / "a.txt")
+    prefix = src / "shards" / "c"
+    assert build([src], en_tokenizer, prefix) == 0
+    first = output_files(prefix)
+    capsys.readouterr()
+    assert build([src], en_tokenizer, prefix) == 0
+    out = capsys.readouterr().out
+    assert "up to date" in out and "not read as input" in out
+    assert output_files(prefix) == first
+    assert [i["path"] for i in mf.read_manifest(prefix)["inputs"]] == [str(src / "a.txt")]
+    # what a killed run and an annotation leave beside the output: none of it is an input
+    work = Path(f"{prefix}.work")
+    work.mkdir()
+    (work / "piece_000000.json").write_text("{}")
+    Path(f"{prefix}_00000.spans.json").write_text("{}")
+    excluded = []
+    assert sources.expand_inputs([str(src)], output_prefix=str(prefix), excluded=excluded) == [str(src / "a.txt")]
+    assert sorted(Path(p).name for p in excluded) == ["c.manifest.json", "c.work", "c_00000.bin", "c_00000.idx",
+                                                      "c_00000.spans.json"]
+    with pytest.raises(sources.InputError, match="is an output of this command"):
+        sources.expand_inputs([f"{prefix}.manifest.json"], output_prefix=str(prefix))
