@@ -390,3 +390,60 @@ def test_disk_full_in_a_real_two_rank_run_stops_every_rank_with_one_line(tmp_pat
     assert status["status"] == "disk_full" and status["step"] == 4 and "global_step4" in status["message"]
     assert not (root / "global_step4").exists()
     assert (root / "latest").read_text() == "global_step2" and checkpoint.is_complete(root / "global_step2")
+
+
+def test_init_from_takes_model_and_hugging_face_folders_and_refuses_another_vocabulary(tmp_path):
+    """checkpoint.init_from names a trainer checkpoint, our model folder or a Hugging Face folder (README: "a local
+    Hugging Face folder can be imported as the start of continued pretraining"); the last two were refused as "not a
+    complete checkpoint". A source trained with another vocabulary is refused by rank 0 with both sizes: fitting its
+    rows would cut or pad real rows."""
+    import torch
+
+    from trainer.models import PretrainingModel, get_preset
+    from trainer.models.hf_convert import export_hf
+    from trainer.models.model_folder import save_model_folder
+    from trainer.models.presets import BERT_HEADS
+
+    cfg = get_preset("tiny", vocab_size=120)
+    torch.manual_seed(3)
+    model = PretrainingModel(cfg, BERT_HEADS)
+    export_hf(cfg, model.state_dict(), tmp_path / "hf")
+    save_model_folder(model, cfg, tmp_path / "folder")
+    for source in ("hf", "folder"):
+        weights = checkpoint.init_weights(tmp_path / source, tmp_path / "run", rank=0, vocab_size=120)
+        for key, value in model.state_dict().items():
+            got = weights[key][:120] if key.endswith(("word.weight", "decoder.weight", "decoder.bias")) else weights[key]
+            want = value[:120] if key.endswith(("word.weight", "decoder.weight", "decoder.bias")) else value
+            assert torch.equal(got, want), (source, key)
+        with pytest.raises(ValueError, match=rf"{source}: trained with a vocabulary of 120 tokens, this run's "
+                                             r"model has 300: another tokenizer"):
+            checkpoint.init_weights(tmp_path / source, tmp_path / "run", rank=0, vocab_size=300)
+    with pytest.raises(FileNotFoundError, match=r"not a trainer checkpoint .*not a model folder .*not a Hugging Face"):
+        checkpoint.init_weights(tmp_path / "run", tmp_path / "run2", rank=0)
+
+
+def test_init_from_names_new_heads_and_stops_on_another_architecture():
+    """What the source lacks: a head starts new and is named; an ELECTRA generator missing entirely starts new; an
+    encoder tensor missing or of another shape stops the run (it trained from random weights and exited 0)."""
+    import torch
+
+    from trainer.models import ElectraPretrainingModel, PretrainingModel, get_preset
+    from trainer.models.presets import BERT_HEADS, ROBERTA_HEADS
+    from trainer.pretrain import load_init_weights
+
+    cfg = get_preset("tiny", vocab_size=120)
+    mlm_only = PretrainingModel(cfg, ROBERTA_HEADS).state_dict()
+    target = PretrainingModel(cfg, BERT_HEADS)
+    said = load_init_weights(target, mlm_only, "SRC")
+    assert said == "initialised from SRC; new heads (not in the source): ['nsp']"
+    assert torch.equal(target.state_dict()["encoder.embeddings.word.weight"], mlm_only["encoder.embeddings.word.weight"])
+    wider = PretrainingModel(cfg.replace(hidden_size=96, num_heads=4, intermediate_size=128), BERT_HEADS).state_dict()
+    with pytest.raises(ValueError, match=r"SRC: \d+ tensors have another shape .*\(\d+, 96\) there, \(\d+, 64\) here"):
+        load_init_weights(target, wider, "SRC")
+    partial = {k: v for k, v in mlm_only.items() if not k.startswith("encoder.attention.1.")}
+    with pytest.raises(ValueError, match=r"SRC: the source lacks 6 of this model's \d+ encoder tensors"):
+        load_init_weights(target, partial, "SRC")
+    ecfg = get_preset("tiny-electra", vocab_size=120)
+    electra = ElectraPretrainingModel(ecfg)
+    disc = {k: v for k, v in electra.state_dict().items() if k.startswith("discriminator.")}
+    assert "ELECTRA generator: new" in load_init_weights(ElectraPretrainingModel(ecfg), disc, "SRC")

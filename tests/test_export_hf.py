@@ -228,3 +228,51 @@ def test_import_of_a_native_hugging_face_model_gives_its_logits(arch, config_kwa
     else:
         logits = getattr(theirs, "prediction_logits", None)
         torch.testing.assert_close(ours[MLM], logits if logits is not None else theirs.logits, **TOL)
+
+
+@pytest.mark.parametrize("stem,kwargs", [("Bert", {}), ("Ernie", {}),
+                                         ("Albert", dict(embedding_size=16, num_hidden_groups=1))])
+def test_released_folders_keep_their_pooler_whatever_class_they_name(stem, kwargs, tmp_path):
+    """Released bert-base-uncased / albert-base-v2 / ERNIE folders name ``*ForMaskedLM`` in ``architectures`` while
+    their weights hold the pooler and the NSP/SOP head. Fine-tuning starts from that pooler (as Hugging Face's
+    ``*ForSequenceClassification.from_pretrained`` does), so the import keeps it: read through the named class it was
+    dropped. A folder with the pooler but no NSP/SOP classifier (``*Model``) keeps the pooler; one without a pooler
+    (a QA model) gives no sequence head."""
+    hf_cfg = getattr(transformers, f"{stem}Config")(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=40, **kwargs)
+    seq = "sop" if stem == "Albert" else "nsp"
+    released = perturbed(getattr(transformers, f"{stem}ForPreTraining")(hf_cfg))
+    released.config.architectures = [f"{stem}ForMaskedLM"]
+    released.save_pretrained(tmp_path / "released")
+    base = getattr(released, stem.lower())
+    pooler = base.pooler if stem == "Albert" else base.pooler.dense
+    cls = released.sop_classifier.classifier if stem == "Albert" else released.cls.seq_relationship
+    _, state = import_hf(tmp_path / "released")
+    assert {k.split(".")[1] for k in state if k.startswith("heads.")} == {"mlm", seq}
+    for ours, theirs in ((f"heads.{seq}.pooler", pooler), (f"heads.{seq}.classifier", cls)):
+        assert torch.equal(state[f"{ours}.weight"], theirs.weight.detach())
+        assert torch.equal(state[f"{ours}.bias"], theirs.bias.detach())
+    bare = perturbed(getattr(transformers, f"{stem}Model")(hf_cfg), seed=1)
+    bare.save_pretrained(tmp_path / "bare")
+    _, state = import_hf(tmp_path / "bare")
+    bare_pooler = bare.pooler if stem == "Albert" else bare.pooler.dense
+    assert torch.equal(state[f"heads.{seq}.pooler.weight"], bare_pooler.weight.detach())
+    assert not any(k.startswith("heads.mlm.") for k in state)
+    qa = perturbed(getattr(transformers, f"{stem}ForQuestionAnswering")(hf_cfg), seed=2)
+    qa.save_pretrained(tmp_path / "qa")
+    _, state = import_hf(tmp_path / "qa")
+    assert not any(k.startswith("heads.") for k in state)
+    assert torch.equal(state["encoder.embeddings.word.weight"][:100],
+                       getattr(qa, stem.lower()).embeddings.word_embeddings.weight.detach())
+
+
+def test_an_untied_output_layer_is_refused_not_replaced(tmp_path):
+    """Our encoders tie the MLM decoder to the word embeddings; a folder whose decoder differs cannot be imported
+    exactly, and taking the embedding instead (what the import did) changed the MLM logits by up to ~30."""
+    hf_cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=40, tie_word_embeddings=False)
+    perturbed(transformers.BertForMaskedLM(hf_cfg)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"cls\.predictions\.decoder\.(weight|bias) differs from .*an untied "
+                                         r"output layer cannot be imported exactly"):
+        import_hf(tmp_path)

@@ -415,8 +415,12 @@ def _wait_for_rank0(done: Path, failed: Path, rank: int, what: str, shown: Path,
 
 
 def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s: float | None = None,
-                 poll_s: float = 2.0) -> dict[str, torch.Tensor]:
+                 poll_s: float = 2.0, vocab_size: int | None = None) -> dict[str, torch.Tensor]:
     """``checkpoint.init_from``'s consolidated fp32 weights, consolidated once per run.
+
+    ``init_from`` is a trainer checkpoint (``global_stepN``, or a ``checkpoints`` folder: its newest complete one), our
+    model folder (``python -m trainer.export_hf``'s sibling, ``trainer.models.model_folder``) or a local Hugging Face
+    folder of the five families (a released model, or an export of ours: ``trainer.models.hf_convert.import_hf``).
 
     Rank 0 runs the consolidation (``load_model_state``: every ZeRO shard of the source checkpoint) and writes one
     file in ``cache_dir``; the other ranks wait for it on the shared filesystem (not in a collective: consolidating a
@@ -425,7 +429,7 @@ def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s
     the resolved source checkpoint (a checkpoints folder means its newest complete one, which can change) and
     removed once every rank has read it.
     """
-    source = resolve_checkpoint(init_from)
+    source = init_source(init_from)
     cache_dir = Path(cache_dir)
     key = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]
     out = cache_dir / f"init_from_{key}.pt"
@@ -436,7 +440,13 @@ def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s
     _barrier()
     if rank == 0 and not out.exists():
         try:
-            weights, _ = load_model_state(source)
+            weights, source_vocab = init_source_weights(source)
+            if vocab_size is not None and source_vocab is not None and source_vocab != vocab_size:
+                # (vocabulary rows cannot be fitted across tokenizers: fit_rows would cut or pad real rows)
+                which = "" if source == Path(init_from) else f" ({source.name})"
+                raise ValueError(f"checkpoint.init_from {init_from}{which}: trained with a vocabulary of "
+                                 f"{source_vocab} tokens, this run's model has {vocab_size}: another tokenizer; "
+                                 "use the source's tokenizer and corpus (or its model.vocab_size)")
             tmp = out.with_suffix(".tmp")
             torch.save(weights, tmp)
             os.replace(tmp, out)
@@ -450,6 +460,46 @@ def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s
     if rank == 0:
         out.unlink(missing_ok=True)
     return weights
+
+
+def _folder_kind(path: Path) -> str | None:
+    from trainer.models.model_folder import is_model_folder
+    if not path.is_dir() or is_complete(path) or (path / LATEST).is_file() or any(path.glob("global_step*")):
+        return None
+    if is_model_folder(path):
+        return "model folder"
+    if (path / "config.json").is_file():
+        return "hugging face"
+    return None
+
+
+def init_source(init_from: str | Path) -> Path:
+    """The folder ``init_from`` names: a model or Hugging Face folder as is, else the checkpoint it resolves to."""
+    path = Path(init_from)
+    if _folder_kind(path):
+        return path
+    try:
+        return resolve_checkpoint(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"checkpoint.init_from {init_from}: not a trainer checkpoint (no complete "
+                                f"global_stepN), not a model folder (model_config.json + model.safetensors) and not a "
+                                f"Hugging Face folder (config.json)") from None
+
+
+def init_source_weights(source: Path) -> tuple[dict[str, torch.Tensor], int | None]:
+    """Our model's state dict from a folder ``init_source`` returned, and the vocabulary size it was trained with
+    (None where a checkpoint's config does not say)."""
+    kind = _folder_kind(source)
+    if kind == "model folder":
+        from trainer.models.model_folder import load_model_folder
+        cfg, weights = load_model_folder(source)
+        return weights, cfg.vocab_size
+    if kind == "hugging face":
+        from trainer.models.hf_convert import import_hf
+        cfg, weights = import_hf(source)
+        return weights, cfg.vocab_size
+    weights, run_config = load_model_state(source)
+    return weights, ((run_config or {}).get("model") or {}).get("vocab_size")
 
 
 def restore_rng(tag_dir: Path, rank: int, world_size: int, seed: int, step: int) -> None:

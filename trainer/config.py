@@ -71,8 +71,10 @@ class CheckpointConfig(_Section):
     """None = RUN_DIR/checkpoints."""
     save_at_end: bool = True
     init_from: str | None = None
-    """Start a fresh run from these weights (a checkpoint folder or a run's checkpoints folder; optimizer, schedule
-    and data position start over), e.g. BERT phase 2 (seq 512) from phase 1 (seq 128). Ignored when resuming."""
+    """Start a fresh run from these weights (a checkpoint folder, a run's checkpoints folder, our model folder or a
+    local Hugging Face folder of the five families; optimizer, schedule and data position start over), e.g. BERT
+    phase 2 (seq 512) from phase 1 (seq 128), or continued pretraining of a released model. Heads the source lacks
+    start new; other sizes or a missing encoder tensor stop the run. Ignored when resuming."""
     lock_stale_s: float = Field(default=60.0, ge=1.0)
     """RUN_DIR/run.lock (one launch per run folder, trainer/run_lock.py): a lock whose heartbeat (every
     min(10 s, this / 6)) does not change for this long, by the new launch's own clock, is taken over; one whose

@@ -41,6 +41,45 @@ if TYPE_CHECKING:  # imports torch: loaded in run(), after validation
     from trainer.loop import Components
 
 
+def _is_head(key: str) -> bool:
+    return key.startswith("heads.") or ".heads." in key
+
+
+def load_init_weights(model, weights: dict, init_from) -> str:
+    """Load ``checkpoint.init_from``'s weights into ``model``; returns the line to print.
+
+    Heads the source lacks start new (continued pretraining with another objective: an NSP head on a RoBERTa, a
+    released BERT without its NSP head) and so does an ELECTRA generator the source lacks entirely (a discriminator
+    folder alone); both are named. Encoder weights the source lacks, or tensors of another shape, stop the run: the
+    source is another architecture (other sizes, family or sharing), and training it from random weights under the
+    name of a continued run would waste the allocation."""
+    own = model.state_dict()
+    shapes = [f"{k} {tuple(v.shape)} there, {tuple(own[k].shape)} here" for k, v in weights.items()
+              if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    if shapes:
+        raise ValueError(f"checkpoint.init_from {init_from}: {len(shapes)} tensors have another shape than in this "
+                         f"run's model (first: {'; '.join(shapes[:3])}): set model.* (sizes, vocab_size, sharing) to "
+                         "the source's, or start from another source")
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    body = [k for k in missing if not _is_head(k)]
+    fresh_generator = bool(body) and all(k.startswith("generator.") for k in body) and \
+        not any(k.startswith("generator.") for k in weights)
+    if body and not fresh_generator:
+        raise ValueError(f"checkpoint.init_from {init_from}: the source lacks {len(body)} of this model's "
+                         f"{sum(not _is_head(k) for k in own)} encoder tensors (first: {body[:3]}; it holds "
+                         f"{sorted(weights)[:3]}...): another family or architecture than model.*; choose the "
+                         "matching recipe or source")
+    new_heads = sorted({k.split("heads.")[1].split(".")[0] for k in missing if _is_head(k)})
+    said = [f"initialised from {init_from}"]
+    if new_heads:
+        said.append(f"new heads (not in the source): {new_heads}")
+    if fresh_generator:
+        said.append("ELECTRA generator: new (the source has none)")
+    if unexpected:
+        said.append(f"not used: {len(unexpected)} tensors of the source (first: {sorted(unexpected)[:3]})")
+    return "; ".join(said)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="trainer.pretrain", description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="a recipe name (tiny_roberta) or a YAML file")
@@ -186,12 +225,11 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
     checkpoint.seed_everything(cfg.seed)  # identical initial weights on every rank
     comps = build_components(cfg, rank, world_size, device)
     if resume_dir is None and cfg.checkpoint.init_from:
-        weights = checkpoint.init_weights(cfg.checkpoint.init_from, Path(cfg.run_dir), rank)  # consolidated once
+        weights = checkpoint.init_weights(cfg.checkpoint.init_from, Path(cfg.run_dir), rank,  # consolidated once
+                                          vocab_size=cfg.model.vocab_size)
         from trainer.models.vocab_padding import fit_to_config  # a source saved with other vocabulary padding
         weights = fit_to_config(weights, cfg.model)
-        missing, unexpected = comps.model.load_state_dict(weights, strict=False)
-        print0(f"initialised from {cfg.checkpoint.init_from} (missing {list(missing)}, unexpected "
-               f"{list(unexpected)})")
+        print0(load_init_weights(comps.model, weights, cfg.checkpoint.init_from))
     checkpoint.seed_everything(cfg.seed + 1 + rank)  # each rank its own dropout stream
     optimizer = engine.build_optimizer(cfg.optim, comps.model, device, ds_config)
     scheduler = build_scheduler(cfg.schedule, optimizer, cfg.train.steps)

@@ -115,10 +115,10 @@ def key_map(cfg: ModelConfig, heads: dict[str, HeadSpec], arch: str) -> list[tup
                   + _linear(f"{h}.intermediate.dense", f"{f}.inner") + _linear(f"{h}.output.dense", f"{f}.outer")
                   + _linear(f"{h}.output.LayerNorm", f"{f}.norm"))
     mlm, seq, tok = _pick(heads, "mlm"), _pick(heads, "sequence", 2), _pick(heads, "token", 1)
-    if arch.endswith("ForPreTraining") and fam in ("bert", "ernie"):
+    if arch.endswith("ForPreTraining") and fam in ("bert", "ernie") and seq:
         m += _linear(f"{p}.pooler.dense", f"heads.{seq}.pooler") + _linear("cls.seq_relationship",
                                                                            f"heads.{seq}.classifier")
-    if arch.endswith(("ForPreTraining", "ForMaskedLM")) and fam in ("bert", "ernie"):
+    if arch.endswith(("ForPreTraining", "ForMaskedLM")) and fam in ("bert", "ernie") and mlm:
         m += (_linear("cls.predictions.transform.dense", f"heads.{mlm}.dense")
               + _linear("cls.predictions.transform.LayerNorm", f"heads.{mlm}.norm")
               + [("cls.predictions.bias", f"heads.{mlm}.decoder.bias", None),
@@ -130,14 +130,15 @@ def key_map(cfg: ModelConfig, heads: dict[str, HeadSpec], arch: str) -> list[tup
                  ("lm_head.decoder.bias", f"heads.{mlm}.decoder.bias", None),
                  ("lm_head.decoder.weight", WORD, None)])
     elif arch in ("AlbertForPreTraining", "AlbertForMaskedLM"):
-        if arch == "AlbertForPreTraining":
+        if arch == "AlbertForPreTraining" and seq:
             m += _linear(f"{p}.pooler", f"heads.{seq}.pooler") + _linear("sop_classifier.classifier",
                                                                          f"heads.{seq}.classifier")
-        m += (_linear("predictions.dense", f"heads.{mlm}.dense") + _linear("predictions.LayerNorm",
-                                                                           f"heads.{mlm}.norm")
-              + [("predictions.bias", f"heads.{mlm}.decoder.bias", None),
-                 ("predictions.decoder.bias", f"heads.{mlm}.decoder.bias", None),
-                 ("predictions.decoder.weight", WORD, None)])
+        if mlm:
+            m += (_linear("predictions.dense", f"heads.{mlm}.dense") + _linear("predictions.LayerNorm",
+                                                                               f"heads.{mlm}.norm")
+                  + [("predictions.bias", f"heads.{mlm}.decoder.bias", None),
+                     ("predictions.decoder.bias", f"heads.{mlm}.decoder.bias", None),
+                     ("predictions.decoder.weight", WORD, None)])
     elif arch == "ElectraForPreTraining":
         m += (_linear("discriminator_predictions.dense", f"heads.{tok}.dense")
               + _linear("discriminator_predictions.dense_prediction", f"heads.{tok}.classifier"))
@@ -185,6 +186,11 @@ def from_hf_state_dict(cfg: ModelConfig, hf_state_dict: dict, heads: dict[str, H
                 continue  # tied copies that some transformers versions leave out of the state dict
             raise KeyError(f"{arch} state dict has no {hf_key!r}")
         tensor = hf_state_dict[hf_key].detach().clone().float()
+        if part is None and key in ours and not torch.equal(ours[key], tensor):
+            first = next(h for h, k, _ in key_map(cfg, heads, arch) if k == key and h in hf_state_dict)
+            raise ValueError(f"{arch}: {hf_key} differs from {first}, which our model holds as one tensor ({key}): "
+                             "an untied output layer cannot be imported exactly (our encoders tie the MLM decoder "
+                             "to the word embeddings)")
         if part is None:
             ours.setdefault(key, tensor)
         else:
@@ -210,7 +216,9 @@ def hf_config(cfg: ModelConfig, arch: str):
                   pad_token_id=cfg.pad_token_id, architectures=[arch])
     if cfg.family == "albert":
         kwargs.update(embedding_size=cfg.emb_size, num_hidden_groups=1 if cfg.sharing == "all" else cfg.num_layers,
-                      inner_group_num=1, classifier_dropout_prob=cfg.dropout)
+                      # the classifier Hugging Face adds for fine-tuning: 0.1 as in the released albert-*-v2,
+                      # whose hidden dropout is 0 (cfg.dropout would switch it off)
+                      inner_group_num=1, classifier_dropout_prob=0.1)
     elif cfg.family == "electra":
         kwargs.update(embedding_size=cfg.emb_size)
     elif cfg.family == "ernie":
@@ -326,6 +334,50 @@ def export_hf(cfg: ModelConfig, state_dict: dict, out_dir: str | Path, tokenizer
     return written
 
 
+def _read_weights(folder: Path, cfg: ModelConfig, arch: str) -> tuple[dict, dict[str, HeadSpec], str]:
+    """A folder's weights as a transformers state dict, the heads they hold, and the class whose key names it uses.
+
+    BERT, ERNIE and ALBERT are read through ``*ForPreTraining`` whatever class ``architectures`` names: released
+    folders (bert-base-uncased, albert-base-v2) name ``*ForMaskedLM`` while their weights keep the pooler and the
+    NSP/SOP head, and reading them through the named class would drop the pooler that fine-tuning starts from (as
+    ``*ForSequenceClassification.from_pretrained`` keeps it). A head is taken when the folder holds all of its
+    weights (transformers' own loading report); a pooler without its NSP/SOP classifier is taken with a new classifier,
+    said once. RoBERTa and ELECTRA have no pooler: they are read through the named class.
+    """
+    import transformers
+
+    fam = cfg.family
+    if fam not in ("bert", "ernie", "albert"):
+        model = getattr(transformers, arch).from_pretrained(folder, local_files_only=True)
+        return model.state_dict(), heads_for_architecture(fam, arch), arch
+    pre = f"{CLASS_STEM[fam]}ForPreTraining"
+    from transformers.utils import logging as hf_logging
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its report would call the heads a folder lacks "newly initialized": we drop them
+    try:
+        model, info = getattr(transformers, pre).from_pretrained(folder, local_files_only=True,
+                                                                 output_loading_info=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing = set(info["missing_keys"])
+    seq = SOP if fam == "albert" else NSP
+    table = key_map(cfg, {MLM: HeadSpec("mlm"), seq: HeadSpec("sequence", 2)}, pre)
+
+    def held(ours_prefix: str) -> bool:
+        keys = {h for h, k, _ in table if k.startswith(ours_prefix) and not h.endswith(("decoder.weight",
+                                                                                          "decoder.bias"))}
+        return bool(keys) and not keys & missing
+
+    heads = {}
+    if held(f"heads.{MLM}."):
+        heads[MLM] = HeadSpec("mlm")
+    if held(f"heads.{seq}.pooler"):
+        heads[seq] = HeadSpec("sequence", 2)
+        if not held(f"heads.{seq}.classifier"):
+            warn0(f"{folder}: the pooler is imported, the {seq.upper()} classifier is not in the folder (a new one)")
+    return model.state_dict(), heads, pre
+
+
 def import_hf(folder: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """A local Hugging Face folder -> (ModelConfig, our state dict) to continue pretraining from.
 
@@ -341,8 +393,8 @@ def import_hf(folder: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]
     hf_cfg = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
     cfg = config_from_hf(hf_cfg)
     arch = (hf_cfg.architectures or [f"{CLASS_STEM[cfg.family]}Model"])[0]
-    model = getattr(transformers, arch).from_pretrained(folder, local_files_only=True)
-    state = from_hf_state_dict(cfg, model.state_dict(), heads_for_architecture(cfg.family, arch), arch)
+    hf_state, heads, arch = _read_weights(folder, cfg, arch)
+    state = from_hf_state_dict(cfg, hf_state, heads, arch)
     if cfg.family == "electra" and (folder / "generator" / "config.json").is_file():
         gen_cfg, gen_state = import_hf(folder / "generator")
         cfg = cfg.replace(generator_fraction=gen_cfg.hidden_size / cfg.hidden_size)
