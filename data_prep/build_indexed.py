@@ -24,7 +24,9 @@ How the work is cut, so that the output depends only on the inputs and the setti
 Restart: run the same command again. Pieces with a record whose files still match their sha256 are skipped; the
 rest are redone from their start; the result is byte-identical to an uninterrupted run. A work folder made with
 other settings, inputs or tokenizer stops the run (rerun with --overwrite to discard it). A finished output whose
-manifest matches the command is left alone.
+manifest matches the command is left alone, even beside another command's unfinished work folder (reported, kept
+until that command is rerun, or discarded by --overwrite); a finished corpus stays usable while another command's
+run is under way, and is replaced only by that run's finalize.
 
 MPI: launched by ``mpirun``/``srun`` (detected from OMPI_COMM_WORLD_SIZE, PMI_SIZE or a Slurm step with several
 tasks), ranks split the pieces; mpi4py is imported only then, after the worker pool is gone (forking an initialised
@@ -40,9 +42,11 @@ if __name__ == "__main__" and not __package__:  # `python data_prep/build_indexe
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -385,12 +389,19 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
-    if not workdir.exists() and up_to_date(prefix, identity, tokenizer):
+    if up_to_date(prefix, identity, tokenizer) and not _same_unfinished_run(workdir, identity):
         say(f"{mf.manifest_path(prefix)} is up to date with this command; nothing to do "
             f"(inspect it with data_prep/inspect_indexed.py {prefix})")
+        if workdir.exists() and args.overwrite:
+            if world.rank == 0:
+                shutil.rmtree(workdir, ignore_errors=True)
+            say(f"--overwrite: discarded the unfinished run of another command in {workdir}")
+        elif workdir.exists():
+            say(f"note: {workdir} holds an unfinished run of another command; it is left alone (rerun that command "
+                f"to finish it: its end replaces this corpus; or add --overwrite to this one to discard it)")
         return 0
-    if world.rank == 0:
-        mf.manifest_path(prefix).unlink(missing_ok=True)  # never leave a manifest that names shards being rewritten
+    # The finished corpus at PREFIX (if any) stays usable while this run works in PREFIX.work/: its manifest is
+    # removed only by finalize, just before the first shard is renamed over its files.
     prepare_workdir(workdir, identity, args.overwrite, world, pieces)
     mine = [p for p in pieces if p.index % world.size == world.rank]
     done = finished_pieces(workdir, prefix, pieces, mine)
@@ -429,6 +440,16 @@ def main(argv=None) -> int:
         print(f"annotated {len(headers)} shard(s) with {args.annotate}: "
               f"{sum(h['spans'] for h in headers):,} spans")
     return 0
+
+
+def _same_unfinished_run(workdir: Path, identity: dict) -> bool:
+    """Whether ``workdir`` holds a run of this very command (a finalize stopped after its manifest was written: go
+    on and finish it), as opposed to none or another command's (which an up-to-date corpus leaves alone)."""
+    try:
+        plan = json.loads((workdir / "plan.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return plan == json.loads(json.dumps(identity))
 
 
 def _summary(prefix: str, manifest: dict, seconds: float, processed_bytes: int) -> None:

@@ -3,7 +3,9 @@
 A run is planned as deterministic pieces of the input (``plan_pieces``); each finished piece leaves a record in
 ``PREFIX.work/`` next to its shards. A restart with the same identity (inputs, settings, tokenizer) verifies and skips
 finished pieces; ``finalize`` renames every shard to its final name and writes the manifest last, so no half-written
-file ever carries a final name and a missing manifest means an unfinished run.
+file ever carries a final name and a missing manifest means an unfinished run. A finished corpus of the same prefix
+stays usable (manifest and shards untouched) while a run of another command works in the work folder: ``finalize``
+removes the old manifest only just before it renames the first new shard.
 """
 from __future__ import annotations
 
@@ -186,6 +188,10 @@ def finalize(prefix: str, workdir: Path, pieces: list[Piece], inputs: list[str],
                          f"--input and --json-key. {workdir} is kept for inspection")
     shards, skipped = [], Counter(extra_skipped)
     root = Path(prefix).parent
+    # The previous corpus of this prefix stayed usable until now; from the first rename on, its manifest would name
+    # shards that are being replaced, so it goes first (a finalize killed here leaves no manifest: an unfinished run,
+    # which rerunning this command finishes).
+    mf.manifest_path(prefix).unlink(missing_ok=True)
     for rec in records:
         skipped.update(rec["skipped"])
         for s in rec["shards"]:

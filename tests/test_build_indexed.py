@@ -49,7 +49,7 @@ def build(inputs, tokenizer, prefix, *extra):
 def output_files(prefix) -> dict[str, bytes]:
     """Every file of an output (shards and manifest) by name, for byte-for-byte comparisons."""
     root, name = Path(prefix).parent, Path(prefix).name
-    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.name.startswith(name)}
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.name.startswith(name) and p.is_file()}
 
 
 def read_shards(prefix):
@@ -332,3 +332,44 @@ def test_output_inside_an_input_folder_is_never_read_as_input(en_tokenizer, tmp_
                                                       "c_00000.spans.json"]
     with pytest.raises(sources.InputError, match="is an output of this command"):
         sources.expand_inputs([f"{prefix}.manifest.json"], output_prefix=str(prefix))
+
+
+def test_an_aborted_other_command_leaves_the_finished_corpus_usable(en_tokenizer, tmp_path, monkeypatch, capsys):
+    """Reviewer bug 2: another command on the same prefix, aborted after 2 pieces, deleted the finished corpus's
+    manifest at its start (the shards were intact), and the original command was then refused ("unfinished run with
+    other ..."). Now the corpus stays as it was until the new run's finalize replaces it, the original command is up
+    to date, and the other command, rerun, finishes and replaces it."""
+    src = small_text(tmp_path / "a.txt", docs=400)
+    prefix = tmp_path / "out" / "c"
+    common = ("--chunk-size-mb", "0.004")
+    assert build([src], en_tokenizer, prefix, *common) == 0
+    finished = output_files(prefix)
+    assert len(finished) > 6
+
+    calls = []
+
+    def aborts_after_two(piece):  # a Ctrl-C after two finished pieces of the other command
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(piece)
+        return real(piece)
+
+    real = build_indexed._build_in_worker
+    monkeypatch.setattr(build_indexed, "_build_in_worker", aborts_after_two)
+    assert build([src], en_tokenizer, prefix, *common, "--split-sentences") == 2
+    monkeypatch.setattr(build_indexed, "_build_in_worker", real)
+    assert len(list(Path(f"{prefix}.work").glob("piece_*.json"))) == 2
+    assert output_files(prefix) == finished
+    capsys.readouterr()
+    assert build([src], en_tokenizer, prefix, *common) == 0
+    out = capsys.readouterr().out
+    assert "up to date" in out and "unfinished run of another command" in out
+    assert Path(f"{prefix}.work").exists()  # left for its own command
+    # a third command is still refused: its pieces must not be mixed with the second's
+    with pytest.raises(SystemExit, match="unfinished run with other .*settings"):
+        build([src], en_tokenizer, prefix, "--chunk-size-mb", "0.005")
+    # the other command, rerun, resumes and replaces the corpus
+    assert build([src], en_tokenizer, prefix, *common, "--split-sentences") == 0
+    assert "restart: 2 of" in capsys.readouterr().out
+    assert mf.read_manifest(prefix)["settings"]["split_sentences"] is True
+    assert not Path(f"{prefix}.work").exists()
