@@ -25,6 +25,8 @@ the file and line (or byte offset), so nothing disappears silently.
   invalid_json               the jsonl line is dropped
   missing_json_key           the jsonl object has no ``json_key`` (or is not an object): dropped
   json_value_not_string      ``json_key`` holds a number, list, ...: dropped
+  lone_surrogate             the jsonl text holds an unpaired UTF-16 surrogate escape (``"\\ud83d"`` alone,
+                             common in crawled text cut mid-emoji): not text any tokenizer can take, dropped
   truncated_input            a compressed stream ends early or is corrupt: documents before that point are
                              kept, the document being read is dropped, the rest of the file is lost; the
                              message names the file and the uncompressed byte offset
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator
@@ -202,6 +205,9 @@ def _txt_documents(lines, path, start, max_document_bytes, skip) -> Iterator[Doc
         yield Document(doc, path, doc_line, doc_offset)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _jsonl_documents(lines, path, json_key, skip) -> Iterator[Document]:
     for offset, lineno, text in lines:
         if text is _TRUNCATED:
@@ -220,6 +226,11 @@ def _jsonl_documents(lines, path, json_key, skip) -> Iterator[Document]:
         value = obj[json_key]
         if not isinstance(value, str):
             skip("json_value_not_string", f"{where}: {json_key!r} holds {type(value).__name__}, not text")
+            continue
+        # Valid UTF-8 never decodes to a surrogate, so only a \u escape can make one; a pair is joined by json.
+        if "\\u" in text and (bad := _SURROGATE.search(value)) is not None:
+            skip("lone_surrogate", f"{where}: {json_key!r} holds an unpaired surrogate escape "
+                                   f"\\u{ord(bad.group()):04x} at character {bad.start()}")
             continue
         doc = [s for s in (part.strip() for part in value.split("\n")) if s]
         if not doc:

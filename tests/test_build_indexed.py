@@ -373,3 +373,26 @@ def test_an_aborted_other_command_leaves_the_finished_corpus_usable(en_tokenizer
     assert "restart: 2 of" in capsys.readouterr().out
     assert mf.read_manifest(prefix)["settings"]["split_sentences"] is True
     assert not Path(f"{prefix}.work").exists()
+
+
+def test_lone_surrogate_escape_is_skipped_and_counted_by_both_tools(en_tokenizer, tmp_path, capsys):
+    """Reviewer bug 3: a JSON line with an unpaired surrogate escape ("\\ud83d", crawled text cut mid-emoji) killed
+    build_indexed (TypeError in encode_batch, no file named) and train_tokenizer (UnicodeEncodeError). Now the line
+    is skipped as lone_surrogate, named by file:line, in both; a proper pair (an emoji) is kept."""
+    from data_prep import train_tokenizer
+
+    src = tmp_path / "crawl.jsonl"
+    lines = [json.dumps({"text": f"Plain line number {i} about unix systems."}) for i in range(60)]
+    lines[1] = '{"text": "cut emoji \\ud83d here"}'
+    lines[2] = '{"text": "whole emoji \\ud83d\\ude00 here"}'
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    prefix = tmp_path / "c"
+    assert build([src], en_tokenizer, prefix) == 0
+    m = mf.read_manifest(prefix)
+    assert m["skipped"] == {"lone_surrogate": 1} and m["totals"]["documents"] == 59
+    assert f"skipped (lone_surrogate): {src}:2:" in capsys.readouterr().err
+    out = tmp_path / "tok"
+    assert train_tokenizer.main(["--kind", "wordpiece", "--input", str(src), "--output", str(out),
+                                 "--vocab-size", "200", "--quiet"]) == 0
+    meta = json.loads((out / "bertfamily_tokenizer.json").read_text())
+    assert "lone_surrogate" in json.dumps(meta)
