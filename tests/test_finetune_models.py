@@ -274,3 +274,47 @@ def test_every_new_kind_runs_from_the_cli_and_exports(work, tmp_path, clean_env)
         assert type(model).__name__.startswith("Bert"), task
     assert json.loads((tmp_path / "run_ner" / "hf" / "0_seed1234" / "config.json").read_text())["id2label"] == \
         {"0": "O", "1": "B-T0", "2": "B-T1"}
+
+
+@pytest.mark.parametrize("family,kind,layout", [("bert", "wordpiece", {"vocab.txt"}),
+                                                ("roberta", "bbpe", {"vocab.json", "merges.txt"})])
+def test_released_tokenizer_layouts_without_tokenizer_json(family, kind, layout, work, tmp_path, clean_env):
+    """Released model folders often ship their tokenizer as vocab.txt (bert-base-uncased, ERNIE) or vocab.json +
+    merges.txt (roberta-base) without tokenizer.json; transformers.AutoTokenizer reads them, so fine-tuning does. Both
+    were refused ("the hugging face names none"; and with tokenizer=DIR, "bertfamily_tokenizer.json is missing"). The
+    fine-tuned export keeps the task's label names (id2label was LABEL_0, LABEL_1 for GLUE/tsv/jsonl)."""
+    import transformers
+
+    from data_prep.tokenizer import load_tokenizer
+    from trainer.finetune.model import HFTokenizer, load_tokenizer_for
+    _, model = make_source(work, family)
+    folder = tmp_path / "released"
+    export_hf(model.cfg, model.state_dict(), folder)
+    transformers.AutoTokenizer.from_pretrained(str(work / kind)).save_pretrained(folder)  # tokenizer_config.json
+    spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+    (folder / "tokenizer.json").unlink()  # what remains is the older layout, written as released folders have it:
+    if kind == "wordpiece":
+        vocab = sorted(spec["vocab"], key=spec["vocab"].get)
+        (folder / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
+    else:
+        (folder / "vocab.json").write_text(json.dumps(spec["vocab"], ensure_ascii=False), encoding="utf-8")
+        merges = [m if isinstance(m, str) else " ".join(m) for m in spec["merges"]]
+        (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{m}\n" for m in merges), encoding="utf-8")
+    assert layout <= {p.name for p in folder.iterdir()} and not (folder / "bertfamily_tokenizer.json").exists()
+    source = load_source(folder)
+    tok = load_tokenizer_for(source, None)
+    assert isinstance(tok, HFTokenizer) and source.tokenizer_dir == folder
+    ours = load_tokenizer(work / kind)
+    texts = (work / "cola" / "train.tsv").read_text(encoding="utf-8").splitlines()[:20]
+    assert [tok.encode(t) for t in texts] == [ours.encode(t) for t in texts]
+    if family != "bert":
+        return
+    out = tmp_path / "run"
+    code = finetune_main(["--checkpoint", str(folder), "--task", "rte", "--data", str(work / "rte"),
+                          "--set", f"run_dir={out}", "--set", "train.epochs=1", "--set", "train.global_batch_size=16",
+                          "--set", "train.micro_batch_size=16", "--set", f"train.export_dir={out / 'export'}",
+                          "--set", "deepspeed.config=ds_configs/zero0.json"])
+    assert code == 0
+    (exported,) = (out / "export").iterdir()
+    config = json.loads((exported / "config.json").read_text())
+    assert config["id2label"] == {"0": "entailment", "1": "not_entailment"}

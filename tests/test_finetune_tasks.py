@@ -112,3 +112,37 @@ def test_sweep_grid_medians_and_best_setting():
     assert summary["best_setting"] == "lr=2" and summary["best"]["mismatched"]["accuracy"] == 0.8
     table = format_table(summary)
     assert "* lr=2" in table and "60.00" in table and "80.00" in table
+
+
+def test_glue_files_as_distributed_bom_unicode_breaks_and_crlf(tmp_path):
+    """GLUE's MRPC files begin with a UTF-8 byte-order mark ('\\ufeffQuality': the header lookup failed on the README's
+    own example task); real sentences hold U+2028 / U+0085, where str.splitlines cut a line in two (csv, GLUE's
+    reference reader, does not); Windows line endings are one break."""
+    header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+    rows = ["1\t1\t2\tHe said\u2028so.\tHe did.", "0\t3\t4\tA\u0085B costs $5.\tIt is free.", "1\t5\t6\tx\ty"]
+    (tmp_path / "train.tsv").write_bytes(("\ufeff" + header + "\r\n" + "\r\n".join(rows) + "\r\n").encode("utf-8"))
+    split = read_split(GLUE["mrpc"], tmp_path / "train.tsv")
+    assert [(e.text_a, e.text_b, e.label) for e in split.examples] == [
+        ("He said\u2028so.", "He did.", 1), ("A\u0085B costs $5.", "It is free.", 0), ("x", "y", 1)]
+    assert split.blank_lines == 0
+    (tmp_path / "bad.tsv").write_bytes(header.encode() + b"\n1\t1\t2\tok\tfine\n0\t3\t4\t\xff\tbad\n")
+    with pytest.raises(TaskDataError, match=r"bad\.tsv:3: not valid UTF-8"):
+        read_split(GLUE["mrpc"], tmp_path / "bad.tsv")
+
+
+def test_skip_malformed_applies_to_glue_task_names(tmp_path):
+    """Older QQP downloads hold questions cut by a newline (a line of 5 columns): task.skip_malformed skips and counts
+    them for GLUE's names too (it was read only for tsv, so the flag was silently ignored)."""
+    from trainer.finetune.__main__ import task_spec
+    from trainer.finetune.config import load_finetune_config
+    (tmp_path / "train.tsv").write_text("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+                                        "0\t1\t2\tWhy?\tHow?\t0\n1\t3\t4\tcut in\n5\ttwo\t1\n2\t5\t6\tA?\tB?\t1\n")
+    for flag, expected in (("false", None), ("true", [3, 4])):
+        cfg = load_finetune_config(None, ["task.name=qqp", f"task.skip_malformed={flag}"])
+        spec = task_spec(cfg)
+        if expected is None:
+            with pytest.raises(TaskDataError, match=r"train\.tsv:3: expected at least 6 tab-separated columns"):
+                read_split(spec, tmp_path / "train.tsv")
+        else:
+            split = read_split(spec, tmp_path / "train.tsv")
+            assert split.skipped == expected and len(split.examples) == 2

@@ -15,6 +15,7 @@ Exit status: 0 done; 1 error while training; 2 invalid config, data, checkpoint 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
@@ -52,8 +53,8 @@ def task_spec(cfg):
     kind = task_kind(t)  # jsonl, ner, squad, race, swag (trainer/finetune/kinds.py)
     if kind is not None:
         return kind
-    if t.name != "tsv":
-        return glue_task(t.name)
+    if t.name != "tsv":  # GLUE's columns and labels; task.skip_malformed still applies (older QQP copies)
+        return dataclasses.replace(glue_task(t.name), skip_malformed=t.skip_malformed)
     return TaskSpec("tsv", t.train_file, dict(t.dev_files), t.text_a, t.text_b, t.label,
                     tuple(t.labels) if t.labels else None, tuple(t.metrics), t.header, t.skip_malformed)
 

@@ -12,17 +12,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainer.finetune.tasks import Example, Split, TaskDataError, TaskSpec
+from trainer.finetune.tasks import Example, Split, TaskDataError, TaskSpec, read_lines
 
 
 def read_jsonl_split(spec: TaskSpec, path: Path) -> Split:
     path = Path(path)
     if not path.is_file():
         raise TaskDataError(f"task jsonl: split file {path} does not exist (set task.train_file / task.dev_files)")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as err:
-        raise TaskDataError(f"{path}: not valid UTF-8 ({err})") from None
+    lines = read_lines(path)
     label_index = {name: i for i, name in enumerate(spec.labels or ())}
     split = Split(path, [])
     for number, line in enumerate(lines, start=1):

@@ -26,6 +26,7 @@ from trainer.models import Encoder, ModelConfig
 from trainer.models.encoder import init_weights
 
 FAMILIES = ("bert", "roberta", "albert", "electra", "ernie")
+HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
 
 
 class SourceError(ValueError):
@@ -83,7 +84,9 @@ def load_source(path: str | Path) -> Source:
     if not path.is_dir():
         raise SourceError(f"--checkpoint {path}: no such folder (a trainer checkpoint, a checkpoints/ folder, our "
                           "model folder or a Hugging Face folder)")
-    tokenizer_here = path if (path / "tokenizer.json").is_file() else None
+    # a tokenizer written by data_prep, or a released model's in any of the layouts transformers reads (tokenizer.json;
+    # vocab.txt for WordPiece; vocab.json + merges.txt for byte-level BPE; a SentencePiece model)
+    tokenizer_here = path if any((path / name).is_file() for name in HF_TOKENIZER_FILES) else None
     if is_model_folder(path):
         cfg, state = load_model_folder(path)
         encoder, pooler = _split_state(state)
@@ -136,7 +139,11 @@ class HFTokenizer:
 
     def __init__(self, path: Path):
         from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        try:
+            tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise SourceError(f"tokenizer {path}: neither a data_prep tokenizer folder (bertfamily_tokenizer.json) "
+                              f"nor one transformers.AutoTokenizer reads ({type(err).__name__}: {err})") from None
         self.path, self._tok = path, tok
         self.vocab_size = len(tok)
         self.cls_id, self.sep_id, self.pad_id = tok.cls_token_id, tok.sep_token_id, tok.pad_token_id
@@ -156,8 +163,7 @@ def load_tokenizer_for(source: Source, override: str | None):
     if path is None:
         raise SourceError(f"no tokenizer: the {source.kind} names none; pass tokenizer=DIR (--set tokenizer=DIR)")
     try:
-        tok = load_tokenizer(path) if (path / META_FILE).is_file() or not (path / "tokenizer.json").is_file() \
-            else HFTokenizer(path)
+        tok = load_tokenizer(path) if (path / META_FILE).is_file() else HFTokenizer(path)
     except TokenizerFolderError as err:
         raise SourceError(f"tokenizer: {err}") from None
     cfg = source.cfg

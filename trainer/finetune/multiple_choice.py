@@ -81,7 +81,7 @@ def read_race(folder: Path, skip_malformed: bool = False) -> Choices:
             if (folder / group).is_dir() else []
         for path in files:
             try:
-                rec = json.loads(path.read_text(encoding="utf-8"))
+                rec = json.loads(path.read_text(encoding="utf-8-sig"))
                 article, questions, options, answers = (rec[k] for k in ("article", "questions", "options",
                                                                          "answers"))
             except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -106,7 +106,7 @@ def read_race(folder: Path, skip_malformed: bool = False) -> Choices:
 
 def read_swag(path: Path, skip_malformed: bool = False) -> Choices:
     reader = _Reader(path, skip_malformed)
-    with path.open(encoding="utf-8", newline="") as f:
+    with path.open(encoding="utf-8-sig", newline="") as f:
         rows = csv.DictReader(f)
         need = {"sent1", "sent2", "label"}
         if not need <= set(rows.fieldnames or ()):

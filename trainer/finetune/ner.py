@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from trainer.finetune.conlleval import check_tag, evaluate
 from trainer.finetune.kind_base import IGNORE, TaskKind, pad_rows
-from trainer.finetune.tasks import TaskDataError
+from trainer.finetune.tasks import TaskDataError, read_lines
 
 FILES = {"train": "train.txt", "dev": "dev.txt", "test": "test.txt"}
 
@@ -50,10 +50,7 @@ class Sentences:
 def read_conll(path: Path, scheme: str = "bio", token_column: int = 0, skip_malformed: bool = False) -> Sentences:
     """Every sentence of a CoNLL column file, every tag checked against ``scheme``."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as err:
-        raise TaskDataError(f"{path}: not valid UTF-8 ({err})") from None
+    lines = read_lines(path)
     out = Sentences(path)
     words: list[str] = []
     tags: list[str] = []

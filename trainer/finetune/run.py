@@ -88,6 +88,7 @@ class ClassificationKind(TaskKind):
     def __init__(self, spec, reader: Callable | None = None):
         self.spec, self.reader = spec, reader
         self.name, self.metrics, self.num_labels = spec.name, spec.metrics, spec.num_labels
+        self.labels = list(spec.labels) if spec.labels else None  # the export's id2label (None: regression)
 
     def read(self, data_dir):
         from trainer.finetune.tasks import read_task

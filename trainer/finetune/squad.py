@@ -62,7 +62,7 @@ class Questions:
 def read_squad(path: Path, training: bool, skip_malformed: bool = False) -> Questions:
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise TaskDataError(f"{path}: not valid JSON ({err}); SQuAD's layout is one JSON document") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):

@@ -17,6 +17,26 @@ class TaskDataError(ValueError):
     """Task files that cannot be used; the message names the file (and line) and what to do."""
 
 
+def read_text(path: Path) -> str:
+    """A task file's text: UTF-8 with or without a byte-order mark (GLUE's MRPC files begin with one)."""
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = Path(path).read_bytes()[: err.start].count(b"\n") + 1
+        raise TaskDataError(f"{path}:{line}: not valid UTF-8 ({err.reason} at byte {err.start}); convert the file "
+                            "to UTF-8") from None
+
+
+def read_lines(path: Path) -> list[str]:
+    """A task file's lines, split where Python's csv reader (GLUE's and BERT's reference readers) splits them: at
+    \\n, \\r\\n and \\r only. ``str.splitlines`` would also split inside a text at U+2028, U+0085 or a form feed,
+    which occur in real sentences, and break the line into two malformed ones."""
+    lines = read_text(path).split("\n")  # read_text's universal newlines already made \r\n and \r into \n
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     name: str
@@ -34,7 +54,8 @@ class TaskSpec:
     """Names in ``trainer.finetune.metrics.METRICS``; the first is the task's main score."""
     header: bool = True
     skip_malformed: bool = False
-    """Skip (and count) lines with too few columns instead of stopping; for a team's own files only."""
+    """Skip (and count) lines with too few columns instead of stopping (``task.skip_malformed``; GLUE's tasks
+    too: older QQP downloads hold questions cut by a newline)."""
 
     @property
     def num_labels(self) -> int:
@@ -117,10 +138,7 @@ def read_split(spec: TaskSpec, path: Path) -> Split:
     if not path.is_file():
         raise TaskDataError(f"task {spec.name}: split file {path} does not exist (expected GLUE's layout: "
                             f"{spec.train} and {', '.join(spec.dev.values())} in the data folder)")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as err:
-        raise TaskDataError(f"{path}: not valid UTF-8 ({err})") from None
+    lines = read_lines(path)
     header = lines[0].split("\t") if spec.header and lines else None
     cols = {what: _column(c, header, path, what) for what, c in
             (("text_a", spec.text_a), ("text_b", spec.text_b), ("label", spec.label)) if c is not None}
