@@ -57,7 +57,7 @@ def _import_muon_uncompiled() -> None:
 _import_muon_uncompiled()
 from trainer import safe_load
 from trainer.ds_json import ds_config_path, offloads_optimizer, precision, read_ds_json
-from trainer.log import warn0
+from trainer.log import print0, warn0
 from trainer.optim import OptimConfig, zero_lamb
 from trainer.optim.build import GuardedAdamW, NonFiniteGuard, build_optimizer as build_torch_optimizer
 from trainer.optim.lamb import Lamb
@@ -319,6 +319,12 @@ class Engine:
         if isinstance(optimizer, Lamb) and self.zero_stage > 0:
             # A ZeRO-partitioned LAMB needs the partition layout to compute per-parameter trust ratios.
             zero_lamb.bind_zero_layout(self.engine)
+        self.client_optimizer = optimizer
+        # Each param group's settings as this run's config built them (betas, eps, weight_decay, LAMB's
+        # exclude_from_trust_ratio, ...): ``load`` puts them back over the checkpoint's (see restore_group_settings).
+        # (Not "step": FusedAdam counts its steps in the group, and that count is the checkpoint's.)
+        self.group_settings = [{k: v for k, v in g.items() if k not in ("params", "step")}
+                               for g in optimizer.param_groups]
 
     @property
     def module(self) -> torch.nn.Module:
@@ -388,7 +394,61 @@ class Engine:
                                                              load_lr_scheduler_states=True)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {ckpt_root}/{tag}")
+        changed = restore_group_settings(self.client_optimizer, self.group_settings)
+        if changed:
+            print0(f"resume: optimizer settings from this run's config, not the checkpoint's: {'; '.join(changed)}")
+        untie_state_tensors(self.client_optimizer)
+        if isinstance(self.client_optimizer, Lamb) and self.zero_stage > 0:
+            zero_lamb.bind_zero_layout(self.engine)  # the partitions a load left (the universal one replaces them)
         return client_state or {}
+
+
+# Set by the learning-rate schedule after a load (``WarmupDecayLR.sync_lr``), not taken from the config here.
+_SCHEDULE_KEYS = ("lr", "initial_lr")
+
+
+def restore_group_settings(optimizer: torch.optim.Optimizer, settings: list[dict]) -> list[str]:
+    """Put each param group's settings back to ``settings`` (the groups as built from this run's config); returns
+    what differed in the loaded groups, as ``"weight_decay of group 1: 0.01 -> 0.0"`` lines.
+
+    A DeepSpeed load overwrites them with the checkpoint's: torch's ``load_state_dict`` takes the saved groups'
+    hyperparameters (so a resume or roll-back with ``--set optim.betas=...`` trained with the old ones while its
+    checkpoints recorded the new), and DeepSpeed 0.19.8's ZeRO-3 universal load (a world-size change) copies
+    group 0's onto every group (``load_hp_checkpoint_state_from_checkpoint_dir_stage3``): weight decay on biases
+    and LayerNorm, LAMB's trust ratio on them too. The learning rate is the schedule's (``sync_lr``)."""
+    changed = []
+    for i, (group, wanted) in enumerate(zip(optimizer.param_groups, settings)):
+        for key, value in wanted.items():
+            if key not in _SCHEDULE_KEYS and not _same(group.get(key), value):
+                changed.append(f"{key} of group {i}: {group.get(key)} -> {value}")
+            group[key] = value
+    return changed
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and bool(torch.equal(a, b))
+    return a == b
+
+
+def untie_state_tensors(optimizer: torch.optim.Optimizer) -> int:
+    """Give every optimizer state entry its own tensors; returns how many were shared.
+
+    DeepSpeed 0.19.8's ZeRO-3 universal load assigns one ``step`` tensor object to the state of every sub-group;
+    AdamW increments it in place once per group, so with two groups it counted two steps per step (bias correction
+    running ahead: losses diverged from an uninterrupted run) and saved the wrong count into later checkpoints."""
+    seen, untied = set(), 0
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                if id(value) in seen:
+                    state[key] = value.clone()
+                    untied += 1
+                else:
+                    seen.add(id(value))
+    return untied
 
 
 def convert_to_universal(tag_dir: Path, out_dir: Path) -> None:

@@ -1,0 +1,56 @@
+"""What a resume restores of the optimizer and what it takes from the config: real runs of the stand-in trainer
+(tests/test_trainer_standin.py, gloo, CPU fp32) stopped at step 4 and resumed.
+
+The moments and step counts come from the checkpoint; each param group's settings (betas, eps, weight decay, LAMB's
+trust-ratio exclusion) come from the config of the resuming launch, as they would for a fresh start. DeepSpeed's load
+put the checkpoint's there (and its ZeRO-3 universal load group 0's on every group, with one ``step`` tensor shared
+by every sub-group): trainer/engine.py ``restore_group_settings`` / ``untie_state_tensors``.
+"""
+from __future__ import annotations
+
+import pytest
+
+from test_trainer_multiproc import REPO, losses, make_config, run, run_several
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+
+ZERO3 = {"deepspeed": {"config": str(REPO / "ds_configs" / "zero3.json")},
+         "checkpoint": {"every_steps": 4, "keep_last": 2}, "train": {"eval_every": 0}}
+
+
+@pytest.fixture(scope="module")
+def zero3_runs(tmp_path_factory):
+    """8 steps on 2 ranks at ZeRO-3, and the same run stopped after step 4 (one launch)."""
+    tmp = tmp_path_factory.mktemp("resume_optimizer")
+    ref, stopped = make_config(tmp, "ref", **ZERO3), make_config(tmp, "stopped", **ZERO3)
+    run_several([(ref,), (stopped, "--set", "train.stop_at_step=4")], 2)
+    return tmp
+
+
+def test_zero3_resume_on_another_world_size_matches_the_uninterrupted_run(zero3_runs):
+    """2 ranks -> 1 rank at ZeRO-3 (universal checkpoint). DeepSpeed 0.19.8 gave the no-decay group weight decay 0.01
+    and counted Adam's step twice per step after the load: rel. ~2e-4 off by step 8 (ZeRO-1/2 match to ~3e-8)."""
+    tmp = zero3_runs
+    resumed = run(tmp / "stopped.yaml", 1)
+    assert "converting to DeepSpeed's universal checkpoint for 1" in resumed.stdout
+    ref, got = losses(tmp / "ref"), losses(tmp / "stopped")
+    assert sorted(got) == list(range(1, 9))
+    for step in range(5, 9):
+        assert got[step] == pytest.approx(ref[step], rel=1e-6, abs=0), (step, got[step], ref[step])
+
+
+def test_resume_takes_betas_eps_and_weight_decay_from_the_config(zero3_runs):
+    """A roll-back (a resume into another run folder here) with other optimizer settings trains with them, and the
+    log says what replaced the checkpoint's; the same launch without them trained bit-identically to the reference
+    before the fix (the checkpoint's settings were kept while bertfamily.json recorded the new ones)."""
+    tmp = zero3_runs
+    cfg = make_config(tmp, "changed", **ZERO3)
+    proc = run(cfg, 2, "--resume", str(tmp / "ref" / "checkpoints" / "global_step4"), "--set", "optim.betas=[0.5,0.5]",
+               "--set", "optim.eps=1e-2", "--set", "optim.weight_decay=0.5", "--set", "train.steps=6")
+    got, ref = losses(tmp / "changed"), losses(tmp / "ref")
+    assert got[5] == ref[5]  # the loss of step 5 is taken before its update
+    assert got[6] != ref[6]
+    assert "optimizer settings from this run's config, not the checkpoint's" in proc.stdout
+    assert "betas of group 0: (0.9, 0.999) -> (0.5, 0.5)" in proc.stdout
+    assert "weight_decay of group 0: 0.01 -> 0.5" in proc.stdout
+    assert "weight_decay of group 1" not in proc.stdout  # still 0.0: biases and norms are never decayed
