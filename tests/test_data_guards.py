@@ -366,3 +366,33 @@ def test_only_the_builder_touches_shard_files_at_open_and_the_others_read_lazily
     for f in files:
         shutil.move(away / f.name, f)
     assert [other.read(s, s + 1).tolist() for s in range(other.num_sentences)] == expected
+
+
+def test_corpora_of_different_tokenizers_with_one_vocab_size_are_refused(tmp_path):
+    """Reviewer bug 4: a blend (data.corpora) or an evaluation set (data.valid_corpora) prepared with another
+    tokenizer of the same vocabulary size was mixed in silently (only vocab_size was compared). Now the dataset
+    refuses it before building anything, naming both prefixes and both manifests' tokenizer fingerprints."""
+    import json
+    from types import SimpleNamespace
+
+    from trainer.data.config import DataConfig
+    from trainer.data.dataset import PretrainingDataset
+
+    docs = [[[5, 6, 7], [8, 9]] for _ in range(6)]
+    a = write_shards(docs, tmp_path / "a", 100)
+    same = write_shards(docs, tmp_path / "same", 100)
+    other = write_shards(docs, tmp_path / "other", 100)
+    manifest = Path(f"{other}.manifest.json")
+    m = json.loads(manifest.read_text())
+    m["tokenizer"]["fingerprint"] = "f" * 64  # what another tokenizer of 100 ids writes
+    manifest.write_text(json.dumps(m))
+    tok = SimpleNamespace(pad_id=0, cls_id=1, sep_id=2, mask_id=3, vocab_size=100, special_ids=[0, 1, 2, 3])
+    common = dict(format="doc-sentences", max_seq_length=16, cache_dir=str(tmp_path / "cache"), num_workers=0)
+    PretrainingDataset(DataConfig(corpora=[{"prefix": str(a)}, {"prefix": str(same)}], **common), tok, seed=1)
+    blend = DataConfig(corpora=[{"prefix": str(a)}, {"prefix": str(other)}], **common)
+    valid = DataConfig(corpora=[{"prefix": str(a)}], valid_corpora=[{"prefix": str(other)}], **common)
+    for cfg, split in ((blend, "train"), (valid, "train"), (valid, "valid")):
+        with pytest.raises(ValueError, match="different tokenizers") as err:
+            PretrainingDataset(cfg, tok, seed=1, split=split)
+        assert str(a) in str(err.value) and str(other) in str(err.value)
+        assert "test" in str(err.value) and "f" * 64 in str(err.value)

@@ -58,10 +58,35 @@ def build_indexes(cfg: DataConfig, split: str, cache: CachePolicy) -> list[tuple
     return out
 
 
-def _manifest_vocab(prefix) -> int | None:
+def _manifest_tokenizer(prefix) -> dict:
+    """The manifest's ``tokenizer`` record (path, fingerprint, kind, vocab_size); {} when it has none."""
     from data_prep.manifest import read_manifest  # noqa: PLC0415
 
-    return int((read_manifest(prefix).get("tokenizer") or {}).get("vocab_size", 0)) or None
+    return read_manifest(prefix).get("tokenizer") or {}
+
+
+def check_same_tokenizer(cfg: DataConfig) -> None:
+    """Refuse corpora of one run prepared with different tokenizers (by the manifests' fingerprints, over the bytes
+    that define the id mapping): a blend of them, or an evaluation set of another tokenizer, would feed ids that
+    mean other words, and an equal vocabulary size does not show it. Every corpus the run reads is compared, the
+    training corpora and the evaluation ones alike (one model, one embedding table)."""
+    specs = [*split_specs(cfg, "train")[0], *split_specs(cfg, "valid")[0]]
+    prefixes = dict.fromkeys(str(spec.prefix) for spec in specs)
+    first = None
+    for prefix in prefixes:
+        tok = _manifest_tokenizer(prefix)
+        if not tok.get("fingerprint"):
+            continue  # a hand-made manifest without one: nothing to compare
+        if first is None:
+            first = (prefix, tok)
+        elif tok["fingerprint"] != first[1]["fingerprint"]:
+            (p0, t0), (p1, t1) = first, (prefix, tok)
+            raise ValueError(
+                f"{p0} and {p1} were prepared with different tokenizers: fingerprint {t0['fingerprint']} "
+                f"({t0.get('path')}, vocab {t0.get('vocab_size')}) vs {t1['fingerprint']} ({t1.get('path')}, vocab "
+                f"{t1.get('vocab_size')}); the run would mix token ids that mean different words. Prepare every "
+                f"corpus of data.corpora and data.valid_corpora with one tokenizer (python -m "
+                f"data_prep.build_indexed --tokenizer DIR ...), or leave the other one out")
 
 
 MAX_EPOCHS = 1 << 24  # epochs a sample key can number (sample_key)
@@ -92,10 +117,11 @@ class PretrainingDataset:
         self.pad_id = int(tokenizer.pad_id)
         vocab = int(tokenizer.vocab_size)
         for spec in specs:  # checked before anything is built
-            corpus_vocab = _manifest_vocab(spec.prefix)
+            corpus_vocab = int(_manifest_tokenizer(spec.prefix).get("vocab_size", 0)) or None
             if corpus_vocab and corpus_vocab != vocab:
                 raise ValueError(f"{spec.prefix}: prepared with a vocabulary of {corpus_vocab}, but the "
                                  f"tokenizer has {vocab}; prepare it again with this tokenizer")
+        check_same_tokenizer(cfg)
         # Every whole-corpus array below is a view of a mapped cache file (shared by the node's ranks, re-mapped by
         # workers after pickling); the index's layout depends on data.index_seed, the order on the training seed.
         built = build_indexes(cfg, split, cache_policy(cfg))
