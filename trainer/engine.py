@@ -399,7 +399,9 @@ class Engine:
             print0(f"resume: optimizer settings from this run's config, not the checkpoint's: {'; '.join(changed)}")
         untie_state_tensors(self.client_optimizer)
         if isinstance(self.client_optimizer, Lamb) and self.zero_stage > 0:
-            zero_lamb.bind_zero_layout(self.engine)  # the partitions a load left (the universal one replaces them)
+            # bound again to what the load left: its exclusions are the restored ones (DeepSpeed 0.19.8 keeps the
+            # fp32 partition tensors; a version that replaced them would otherwise stop at the first step)
+            zero_lamb.bind_zero_layout(self.engine)
         return client_state or {}
 
 
