@@ -159,12 +159,36 @@ def record_sidecars(prefix: str | Path, headers: list[dict]) -> None:
     write_manifest(prefix, manifest)
 
 
-def annotate_corpus(prefix: str | Path, spec: str, progress: bool = True, workers: int = 1) -> list[dict]:
+def complete_sidecars(prefix: str | Path, spec: str) -> dict[int, dict]:
+    """The headers of the shards (by index in the manifest) whose side-car is complete and was made by ``spec`` for
+    the shard's current tokens (its ``.spans.json`` exists, its sequence count and ``lengths_sha256`` match the
+    shard's ``.idx``): what an interrupted annotation already finished. Costs one read of every ``.idx``'s lengths.
+    A side-car of an older format (no ``lengths_sha256``) or another spec is not complete. The spec is compared as
+    text: after editing a gazetteer file, rewrite every side-car with ``python -m data_prep.annotate``."""
+    from data_prep.manifest import manifest_path, read_manifest
+
+    manifest = read_manifest(prefix)
+    root = manifest_path(prefix).parent
+    done = {}
+    for i, shard in enumerate(manifest["shards"]):
+        try:
+            header = SidecarReader(root / shard["prefix"], expect_sequences=shard["sentences"]).header
+        except (OSError, ValueError, KeyError):
+            continue  # missing, partial, or made for other tokens: annotated again
+        if header.get("annotator") == spec and header.get("lengths_sha256"):
+            done[i] = header
+    return done
+
+
+def annotate_corpus(prefix: str | Path, spec: str, progress: bool = True, workers: int = 1,
+                    existing: dict[int, dict] | None = None) -> list[dict]:
     """Write the side-car of every shard of a prepared corpus (``PREFIX.manifest.json``), then record their headers
     in the manifest (``record_sidecars``); returns the headers.
 
-    Shards are independent: ``workers`` processes take one shard at a time (each loads jieba's dictionary once,
-    ~1 s). The annotator spec is checked here first, so a bad spec fails before any worker starts."""
+    ``existing`` (from ``complete_sidecars``): shards whose side-car is kept as it is; the manifest is rewritten only
+    when what it records changes. Shards are independent: ``workers`` processes take one shard at a time (each loads
+    jieba's dictionary once, ~1 s). The annotator spec is checked here first, so a bad spec fails before any worker
+    starts."""
     from tqdm import tqdm
 
     from data_prep.manifest import manifest_path, read_manifest, tokenizer_dir
@@ -173,24 +197,27 @@ def annotate_corpus(prefix: str | Path, spec: str, progress: bool = True, worker
     make_annotator(spec)
     root = manifest_path(prefix).parent
     tok_dir = str(tokenizer_dir(prefix))
+    existing = existing or {}
     shards = [str(root / shard["prefix"]) for shard in manifest["shards"]]
-    bar = tqdm(total=len(shards), unit="shard", disable=not progress, desc="annotate")
-    if workers <= 1 or len(shards) == 1:
-        headers = []
-        for shard in shards:
-            headers.append(annotate_shard(shard, spec, tok_dir))
+    todo = [i for i in range(len(shards)) if i not in existing]
+    bar = tqdm(total=len(todo), unit="shard", disable=not progress, desc="annotate")
+    made = {}
+    if workers <= 1 or len(todo) <= 1:
+        for i in todo:
+            made[i] = annotate_shard(shards[i], spec, tok_dir)
             bar.update(1)
     else:
         import multiprocessing as mp
 
-        with mp.get_context("spawn").Pool(min(workers, len(shards))) as pool:
-            jobs = [pool.apply_async(annotate_shard, (shard, spec, tok_dir)) for shard in shards]
-            headers = []
-            for job in jobs:
-                headers.append(job.get())
+        with mp.get_context("spawn").Pool(min(workers, len(todo))) as pool:
+            jobs = {i: pool.apply_async(annotate_shard, (shards[i], spec, tok_dir)) for i in todo}
+            for i, job in jobs.items():
+                made[i] = job.get()
                 bar.update(1)
     bar.close()
-    record_sidecars(prefix, headers)
+    headers = [existing[i] if i in existing else made[i] for i in range(len(shards))]
+    if made or any(shard.get("sidecar") != header_record(h) for shard, h in zip(manifest["shards"], headers)):
+        record_sidecars(prefix, headers)
     return headers
 
 

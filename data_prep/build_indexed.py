@@ -390,8 +390,11 @@ def main(argv=None) -> int:
         return 2
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
     if up_to_date(prefix, identity, tokenizer) and not _same_unfinished_run(workdir, identity):
-        say(f"{mf.manifest_path(prefix)} is up to date with this command; nothing to do "
-            f"(inspect it with data_prep/inspect_indexed.py {prefix})")
+        say(f"{mf.manifest_path(prefix)} is up to date with this command; "
+            + (f"checking its side-cars for --annotate {args.annotate}" if args.annotate else
+               f"nothing to do (inspect it with data_prep/inspect_indexed.py {prefix})"))
+        if args.annotate and world.rank == 0:  # finish an annotation that was interrupted, or add one
+            _annotate(prefix, args.annotate, args.workers, only_missing=True)
         if workdir.exists() and args.overwrite:
             if world.rank == 0:
                 shutil.rmtree(workdir, ignore_errors=True)
@@ -432,14 +435,23 @@ def main(argv=None) -> int:
     manifest = finalize(prefix, workdir, pieces, inputs, settings, tokenizer, args.tokenizer, dir_skips)
     _summary(prefix, manifest, time.time() - t0, sum(n for _, n in statuses))
     if args.annotate:
-        # After the manifest: side-cars are derived from finished shards (annotate.py writes each atomically, its
-        # .spans.json last), so an interrupted annotation is redone by `python -m data_prep.annotate PREFIX`.
-        from data_prep import annotate
-
-        headers = annotate.annotate_corpus(prefix, args.annotate, progress=True, workers=args.workers)
-        print(f"annotated {len(headers)} shard(s) with {args.annotate}: "
-              f"{sum(h['spans'] for h in headers):,} spans")
+        _annotate(prefix, args.annotate, args.workers, only_missing=False)
     return 0
+
+
+def _annotate(prefix: str, spec: str, workers: int, only_missing: bool) -> None:
+    """ERNIE side-cars after the manifest: they are derived from finished shards (annotate.py writes each atomically,
+    its .spans.json last). ``only_missing`` (the shards were up to date): keep the side-cars an earlier run of this
+    command completed, so rerunning an interrupted command finishes its annotation."""
+    from data_prep import annotate
+
+    existing = annotate.complete_sidecars(prefix, spec) if only_missing else {}
+    total = len(mf.read_manifest(prefix)["shards"])
+    if existing:
+        print(f"{len(existing)} of {total} shard(s) already have a complete side-car from {spec}")
+    headers = annotate.annotate_corpus(prefix, spec, progress=True, workers=workers, existing=existing)
+    print(f"annotated {total - len(existing)} shard(s) with {spec}: {sum(h['spans'] for h in headers):,} spans "
+          f"in all {total}")
 
 
 def _same_unfinished_run(workdir: Path, identity: dict) -> bool:

@@ -396,3 +396,43 @@ def test_lone_surrogate_escape_is_skipped_and_counted_by_both_tools(en_tokenizer
                                  "--vocab-size", "200", "--quiet"]) == 0
     meta = json.loads((out / "bertfamily_tokenizer.json").read_text())
     assert "lone_surrogate" in json.dumps(meta)
+
+
+def test_annotate_on_an_up_to_date_corpus_writes_only_the_missing_side_cars(en_tokenizer, tmp_path, capsys):
+    """Reviewer bug 5: --annotate was ignored when the shards were up to date ("nothing to do"), so an annotation
+    killed midway could never be finished by rerunning the command (the one trainer/ernie/sidecars.py names). Now
+    an up-to-date build with --annotate writes the side-cars that are missing or incomplete, keeps the complete
+    ones, and records them all in the manifest."""
+    from data_prep import annotate
+
+    src = small_text(tmp_path / "a.txt", docs=300)
+    gazetteer = tmp_path / "gaz.txt"
+    gazetteer.write_text("unix\n", encoding="utf-8")
+    spec = f"gazetteer-lower:{gazetteer}"
+    prefix = tmp_path / "c"
+    common = ("--chunk-size-mb", "0.004")
+    assert build([src], en_tokenizer, prefix, *common) == 0
+    n = len(mf.read_manifest(prefix)["shards"])
+    assert n >= 3
+    assert build([src], en_tokenizer, prefix, *common, "--annotate", spec) == 0  # the shards are up to date
+    assert all(Path(f"{prefix}_{i:05d}.spans.json").exists() for i in range(n))
+    assert len(annotate.complete_sidecars(prefix, spec)) == n
+    assert all(s["sidecar"]["annotator"] == spec for s in mf.read_manifest(prefix)["shards"])
+    # what a kill during the annotation leaves: one side-car without its header, nothing recorded in the manifest
+    Path(f"{prefix}_00001.spans.json").unlink()
+    m = json.loads(mf.manifest_path(prefix).read_text())
+    for s in m["shards"]:
+        del s["sidecar"]
+    mf.manifest_path(prefix).write_text(json.dumps(m))
+    kept = Path(f"{prefix}_00000.spans.npy").stat().st_mtime_ns
+    capsys.readouterr()
+    assert build([src], en_tokenizer, prefix, *common, "--annotate", spec) == 0
+    assert f"annotated 1 shard(s) with {spec}" in capsys.readouterr().out
+    assert Path(f"{prefix}_00000.spans.npy").stat().st_mtime_ns == kept
+    assert len(annotate.complete_sidecars(prefix, spec)) == n
+    assert all(s["sidecar"]["annotator"] == spec for s in mf.read_manifest(prefix)["shards"])
+    # complete and recorded: nothing is rewritten
+    before = mf.manifest_path(prefix).stat().st_mtime_ns
+    assert build([src], en_tokenizer, prefix, *common, "--annotate", spec) == 0
+    assert "annotated 0 shard(s)" in capsys.readouterr().out
+    assert mf.manifest_path(prefix).stat().st_mtime_ns == before
