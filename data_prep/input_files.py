@@ -210,7 +210,10 @@ class _ZstdReader(io.RawIOBase):
         import zstandard
 
         self._fh = fh
-        self._new = zstandard.ZstdDecompressor().decompressobj
+        # zstd's default limit is a 128 MiB window; `zstd --long=31` (and --ultra levels) write frames that need up
+        # to 2 GiB, which the default refuses ("Frame requires too much memory"). The window is memory the frame's
+        # writer chose; allow the format's maximum rather than dropping the file as truncated.
+        self._new = zstandard.ZstdDecompressor(max_window_size=2**31).decompressobj
         self._dobj = self._new()
         self._buf = b""
         self._started = False

@@ -228,3 +228,14 @@ def test_sentence_splitting_keeps_all_text(zh_corpus):
             n_lines += bool(line.strip())
             n_sents += len(sents)
         assert n_sents > n_lines  # it does split
+
+
+def test_zstd_with_a_window_over_128_mib_is_read(tmp_path):
+    """Reviewer bug 6: a .zst written with a window over 128 MiB (`zstd --long=31`) was dropped as truncated_input
+    ("Frame requires too much memory for decoding"): the decompressor kept zstd's default window limit."""
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=28)  # 256 MiB, frame size unknown
+    cobj = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    path = tmp_path / "long.jsonl.zst"
+    path.write_bytes(cobj.compress(b'{"text": "hello world"}\n' * 10) + cobj.flush())
+    docs, skipped, _ = read(path)
+    assert docs == [["hello world"]] * 10 and not skipped
