@@ -98,22 +98,27 @@ def output_matcher(prefix: str) -> Callable[[str], bool]:
 
 def expand_inputs(specs: list[str], skipped: Counter | None = None, on_skip: SkipHook | None = None, *,
                   output_prefix: str | None = None, excluded: list[str] | None = None) -> list[str]:
-    """Files, directories (recursively, sorted, hidden entries skipped) and globs -> a list of files, in order.
+    """Files, directories (recursively, sorted, hidden entries skipped, symlinked folders followed) and globs -> a
+    list of files, in order.
 
-    Duplicates are kept once (first occurrence). A spec that matches nothing raises InputError naming it. Files
-    inside a directory that are not .txt/.jsonl are counted as ``unsupported_file``; an explicitly named one is an
-    error. With ``output_prefix``, the files of that output (``output_matcher``) are never inputs: found in a
-    directory or by a glob they are left out and appended to ``excluded`` (not counted in ``skipped``, which goes
-    into the manifest: a rerun would otherwise record other counts than the first run); named explicitly they are
-    an error.
+    Duplicates are kept once (first occurrence), by their real path: ``big ./big/part00.txt``, a folder and its
+    subfolder, or a symlink and its target name a file once (its first spelling). A symlink to a folder already
+    being walked (a cycle) is not followed again. A spec that names an existing path is that path, even when it
+    holds glob characters (``wiki[2020].jsonl``); otherwise it is a glob. A spec that matches nothing raises
+    InputError naming it, and so does a folder that holds no .txt/.jsonl file. Files inside a directory that are
+    not .txt/.jsonl are counted as ``unsupported_file``; an explicitly named one is an error. With
+    ``output_prefix``, the files of that output (``output_matcher``) are never inputs: found in a directory or by a
+    glob they are left out and appended to ``excluded`` (not counted in ``skipped``, which goes into the manifest: a
+    rerun would otherwise record other counts than the first run); named explicitly they are an error.
     """
     out: list[str] = []
-    seen: set[str] = set()
+    seen: set[str] = set()  # real paths of every file met so far, inputs and unsupported ones
     is_output = output_matcher(output_prefix) if output_prefix is not None else (lambda path: False)
 
     def add(path: str) -> None:
-        if path not in seen:
-            seen.add(path)
+        key = path if path == PYDOCS else os.path.realpath(path)
+        if key not in seen:
+            seen.add(key)
             out.append(path)
 
     def left_out(path: str) -> bool:
@@ -123,10 +128,23 @@ def expand_inputs(specs: list[str], skipped: Counter | None = None, on_skip: Ski
             excluded.append(path)
         return True
 
-    def add_dir(root: str) -> None:
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = sorted(d for d in dirnames
-                                 if not d.startswith(".") and not left_out(os.path.join(dirpath, d)))
+    def add_dir(root: str) -> int:
+        """Walk ``root``; returns how many input files it holds (met before or not)."""
+        found = 0
+        walked = {os.path.realpath(root)}  # this walk's folders: a symlink back to one of them is a cycle
+
+        def follow(dirpath: str, d: str) -> bool:
+            path = os.path.join(dirpath, d)
+            if d.startswith(".") or left_out(path):
+                return False
+            real = os.path.realpath(path)
+            if real in walked:
+                return False
+            walked.add(real)
+            return True
+
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if follow(dirpath, d))
             for name in sorted(filenames):
                 if name.startswith("."):
                     continue
@@ -134,21 +152,24 @@ def expand_inputs(specs: list[str], skipped: Counter | None = None, on_skip: Ski
                 if left_out(path):
                     continue
                 if _supported(path):
+                    found += 1
                     add(path)
-                else:
+                elif os.path.realpath(path) not in seen:
+                    seen.add(os.path.realpath(path))
                     if skipped is not None:
                         skipped["unsupported_file"] += 1
                     if on_skip is not None:
                         on_skip("unsupported_file", path)
+        return found
 
     for spec in specs:
         if spec == PYDOCS:
             add(PYDOCS)
             continue
-        if any(ch in spec for ch in "*?["):
-            matches = sorted(glob.glob(spec, recursive=True))
-        elif os.path.exists(spec):
+        if os.path.exists(spec):
             matches = [spec]
+        elif any(ch in spec for ch in "*?["):
+            matches = sorted(glob.glob(spec, recursive=True))
         else:
             matches = []
         if not matches:
@@ -160,9 +181,7 @@ def expand_inputs(specs: list[str], skipped: Counter | None = None, on_skip: Ski
             if path != spec and left_out(path):
                 continue
             if os.path.isdir(path):
-                before = len(out)
-                add_dir(path)
-                if len(out) == before and spec == path:
+                if add_dir(path) == 0 and spec == path:
                     raise InputError(f"input directory {spec!r} holds no .txt or .jsonl files")
             else:
                 input_format(path)

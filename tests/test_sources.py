@@ -239,3 +239,28 @@ def test_zstd_with_a_window_over_128_mib_is_read(tmp_path):
     path.write_bytes(cobj.compress(b'{"text": "hello world"}\n' * 10) + cobj.flush())
     docs, skipped, _ = read(path)
     assert docs == [["hello world"]] * 10 and not skipped
+
+
+def test_expand_inputs_names_each_file_once_and_takes_odd_names_and_symlinked_folders(tmp_path, monkeypatch):
+    """Reviewer bug 7: ``big ./big/part00.txt`` tokenized the file twice (duplicates were compared as spelled);
+    ``mixed mixed/sub`` failed with a false "holds no .txt or .jsonl files"; an existing ``wiki[2020].jsonl`` was
+    taken for a glob ("matches no file"); symlinked subfolders were skipped silently. Now files are deduplicated
+    by real path, a literal existing path wins over a glob, and symlinked folders are followed (cycles once)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "part00.txt").write_bytes(b"x\n")
+    assert input_files.expand_inputs(["big", "./big/part00.txt"]) == ["big/part00.txt"]
+    (tmp_path / "mixed" / "sub").mkdir(parents=True)
+    for name in ("mixed/a.txt", "mixed/sub/b.txt", "mixed/sub/notes.md"):
+        (tmp_path / name).write_bytes(b"x\n")
+    skipped = Counter()
+    assert input_files.expand_inputs(["mixed", "mixed/sub"], skipped) == ["mixed/a.txt", "mixed/sub/b.txt"]
+    assert skipped == {"unsupported_file": 1}
+    (tmp_path / "wiki[2020].jsonl").write_bytes(b"{}\n")
+    assert input_files.expand_inputs(["wiki[2020].jsonl"]) == ["wiki[2020].jsonl"]
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "c.txt").write_bytes(b"x\n")
+    (tmp_path / "linked").mkdir()
+    os.symlink(tmp_path / "outside", tmp_path / "linked" / "ext")
+    os.symlink(tmp_path / "linked", tmp_path / "linked" / "loop")  # a cycle: walked once
+    assert input_files.expand_inputs(["linked"]) == ["linked/ext/c.txt"]
