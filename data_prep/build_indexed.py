@@ -339,6 +339,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.workers < 1:
         ap.error("--workers must be at least 1")
+    prefix = args.output_prefix
+    if not os.path.basename(prefix) or prefix.endswith(("/", os.sep)) or os.path.isdir(prefix):
+        # the files would be DIR/.manifest.json (hidden) and DIR/_00000.bin: a corpus nothing can name
+        ap.error(f"--output-prefix {prefix!r} names a folder; give FOLDER/NAME, e.g. "
+                 f"{os.path.join(prefix, 'corpus')} (writes corpus_00000.bin/.idx ... and corpus.manifest.json)")
     for key in ("chunk_size_mb", "shard_size_mb", "max_line_mb", "max_document_mb"):
         if getattr(args, key) is not None and getattr(args, key) <= 0:
             ap.error(f"--{key.replace('_', '-')} must be positive")

@@ -436,3 +436,16 @@ def test_annotate_on_an_up_to_date_corpus_writes_only_the_missing_side_cars(en_t
     assert build([src], en_tokenizer, prefix, *common, "--annotate", spec) == 0
     assert "annotated 0 shard(s)" in capsys.readouterr().out
     assert mf.manifest_path(prefix).stat().st_mtime_ns == before
+
+
+def test_an_output_prefix_that_names_a_folder_is_refused(en_tokenizer, tmp_path, capsys):
+    """Reviewer bug 8: ``--output-prefix DIR/`` (or an existing folder) wrote a hidden ``.manifest.json`` and an
+    unusable corpus, and reported success. Now it is refused before any work, saying what to give instead."""
+    src = small_text(tmp_path / "a.txt", docs=3)
+    (tmp_path / "existing").mkdir()
+    for prefix in (f"{tmp_path / 'out'}/", str(tmp_path / "existing")):
+        with pytest.raises(SystemExit) as err:
+            build([src], en_tokenizer, prefix)
+        assert err.value.code == 2
+        assert "names a folder; give FOLDER/NAME" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and list((tmp_path / "existing").iterdir()) == []
