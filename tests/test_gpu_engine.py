@@ -283,7 +283,7 @@ def run_fake(tmp_path, script, fp16=True, min_loss_scale=1):
                           logging=SimpleNamespace(every_steps=1, tensorboard=False, progress_bar=False),
                           checkpoint=SimpleNamespace(every_steps=0, save_at_end=False))
 
-    def batches(consumed):
+    def batches(consumed, end):
         while True:
             yield {"input_ids": torch.ones(2, 4, dtype=torch.long)}
 

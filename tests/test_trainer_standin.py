@@ -89,7 +89,7 @@ def build(cfg, rank: int, world_size: int, device: str, options: StandinOptions)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "mlm_positions": pos, "mlm_labels": labels,
                 "sample_index": torch.tensor(indices)}
 
-    def train_batches(consumed: int):
+    def train_batches(consumed: int, end: int):
         step = consumed // G
         while True:
             for k in range(G // (m * world_size)):

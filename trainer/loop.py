@@ -36,8 +36,9 @@ class Components:
     model: torch.nn.Module
     loss: Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict[str, torch.Tensor]]]
     """objective.loss(model, batch) -> (loss, metrics)."""
-    train_batches: Callable[[int], Iterator[dict]]
-    """consumed_samples -> this rank's micro-batches from that global position on (DESIGN.md "Samples")."""
+    train_batches: Callable[[int, int], Iterator[dict]]
+    """(consumed_samples, end_samples) -> this rank's micro-batches of the global positions [consumed_samples,
+    end_samples) (DESIGN.md "Samples"). The end is the loop's: the steps left times this launch's global batch."""
     eval_batches: Callable[[], Iterable[dict]] | None = None
     """This rank's held-out micro-batches (the same ones at every evaluation)."""
     flops_per_token: float = 0.0
@@ -229,7 +230,10 @@ class Trainer:
 
     def train(self) -> int:
         cfg, state = self.cfg, self.state
-        batches = self.comps.train_batches(state.consumed_samples)
+        # Not train.steps x global batch: a resume with another train.global_batch_size (pretrain.py
+        # global_batch_change) has consumed another number of samples by its step than that product says.
+        end = state.consumed_samples + (cfg.train.steps - state.step) * cfg.train.global_batch_size
+        batches = self.comps.train_batches(state.consumed_samples, end)
         last_saved = state.step
         in_a_row = 0
         window_tokens, window_time, window_steps = 0, 0.0, 0

@@ -122,12 +122,11 @@ def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) ->
                          f"tokenizer ({tokenizer.vocab_size}, {manifest['tokenizer']['path']}); set "
                          "model.vocab_size: auto or at least that")
     model = objective.build_model(cfg.model)
-    total = cfg.train.steps * cfg.train.global_batch_size
 
-    def train_batches(consumed_samples: int):
+    def train_batches(consumed_samples: int, end_samples: int):
         loader, _ = build_pretraining_loader(cfg.data, tokenizer, cfg.seed, consumed_samples,
                                              cfg.train.global_batch_size, cfg.train.micro_batch_size, rank,
-                                             world_size, total_samples=total, split="train")
+                                             world_size, total_samples=end_samples, split="train")
         return iter(loader)
 
     valid = []  # the evaluation dataset, built at the first evaluation and kept for the run
@@ -152,6 +151,31 @@ def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) ->
     evaluates = bool(cfg.data.valid_corpora) or cfg.data.valid_split > 0
     return Components(model=model, loss=objective.loss, train_batches=train_batches,
                       eval_batches=eval_batches if evaluates else None, flops_per_token=flops)
+
+
+def global_batch_change(saved: dict, cfg: RunConfig, where: str) -> str | None:
+    """A resume with another ``train.global_batch_size`` than the checkpoint's: the line to print, or ValueError
+    before anything is loaded when the objective cannot take it.
+
+    The steps after the resume read the global positions from ``consumed_samples`` on, the new batch at a time
+    (trainer/data/order.py), so no sample is skipped or read twice and ``train.steps`` stays the number of optimizer
+    steps (the schedule's unit). Objectives with their own components (ERNIE) number each sample's step as
+    position // global batch (its knowledge-masking level, ERNIE 2.0's task plan): another batch would shift the
+    steps of every later sample, so they are refused."""
+    old = ((saved.get("config") or {}).get("train") or {}).get("global_batch_size")
+    new = cfg.train.global_batch_size
+    if old is None or old == new:
+        return None
+    from trainer.objectives import get_objective
+    if hasattr(get_objective(cfg.objective), "build_components"):
+        raise ValueError(
+            f"{where} was trained with train.global_batch_size={old}; this launch sets {new}. Objective "
+            f"{cfg.objective.name!r} derives each sample's step from its position / global batch, so the batch "
+            f"cannot change within a run: resume with --set train.global_batch_size={old}, or start a new run "
+            f"(another run_dir) from these weights with --set checkpoint.init_from={where} (weights only)")
+    step, consumed = saved["step"], saved["consumed_samples"]
+    return (f"resume: train.global_batch_size {old} -> {new} from step {step}: steps {step + 1}-{cfg.train.steps} "
+            f"read {new} samples each, from position {consumed} on")
 
 
 def run(args, cfg: RunConfig) -> int:
@@ -202,6 +226,8 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)  # other ranks too (a node-local run_dir)
     root = checkpoint_dir(cfg)
     resume_dir = checkpoint.resolve_resume(root, args.resume)
+    # refused before the lineage moves anything aside
+    batch_note = global_batch_change(checkpoint.read_state(resume_dir), cfg, str(resume_dir)) if resume_dir else None
     # a start that is not the continuation of the folder's newest checkpoint moves the newer ones aside
     fence = lock.check if lock is not None else None  # before every write: the folder is still ours
     run_id = checkpoint.begin_lineage(root, resume_dir, rank, device, fence)
@@ -252,6 +278,8 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
                                       skipped_steps=saved.get("skipped_steps", 0))
         checkpoint.restore_rng(resume_dir, rank, world_size, cfg.seed, state.step)
         print0(f"resumed from {resume_dir} at step {state.step} ({state.consumed_samples} samples consumed)")
+        if batch_note:
+            print0(batch_note)
 
     if cfg.logging.peak_tflops:
         peak, peak_source = cfg.logging.peak_tflops * 1e12, "logging.peak_tflops"

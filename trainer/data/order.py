@@ -19,7 +19,8 @@ Batches: step ``s`` with global batch ``G`` reads positions ``[s*G, (s+1)*G)``; 
 (gradient accumulation) reads ``[s*G + a*R*m, s*G + (a+1)*R*m)``, of which rank ``r`` of ``R`` takes its contiguous
 slice of ``m``. Example: G = 8, R = 2, m = 2 (A = 2), step 3: rank 1 reads 26, 27 then 30, 31. Resuming is setting
 ``consumed_samples``; the positions read afterwards are exactly those an uninterrupted run reads, on any R and m that
-keep G.
+keep G. A resume with another G continues from the same position, the new G at a time (then ``consumed_samples`` need
+not be a multiple of the new G: G 16 -> 48 after 8 steps reads [128, 176) next).
 """
 from __future__ import annotations
 
@@ -194,9 +195,8 @@ class PretrainingBatchSampler:
             raise ValueError(
                 f"global batch {global_batch} is not a multiple of micro batch {micro_batch} x world size "
                 f"{world_size}: set them so that global = micro x accumulation x data-parallel size")
-        if consumed_samples % global_batch:
-            raise ValueError(f"consumed_samples {consumed_samples} is not at a step boundary of global batch "
-                             f"{global_batch}; a checkpoint is taken between steps only")
+        if consumed_samples < 0:
+            raise ValueError(f"consumed_samples {consumed_samples} < 0")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
         self.consumed, self.G, self.m, self.rank, self.R = consumed_samples, global_batch, micro_batch, rank, world_size

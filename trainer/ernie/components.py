@@ -62,9 +62,9 @@ def ernie_components(cfg, rank: int, world_size: int, device: str, objective) ->
     collate = ErnieCollator(tokenizer.pad_id, objective.options.knowledge_masking.max_predictions_per_seq)
     G, micro = cfg.train.global_batch_size, cfg.train.micro_batch_size
 
-    def train_batches(consumed_samples: int):
+    def train_batches(consumed_samples: int, end_samples: int):
         return iter(build_dataloader(dataset, collate, consumed_samples, G, micro, rank, world_size,
-                                     cfg.train.steps * G, cfg.data.num_workers, cfg.data.prefetch_factor))
+                                     end_samples, cfg.data.num_workers, cfg.data.prefetch_factor))
 
     eval_batches = None
     if cfg.data.valid_corpora:

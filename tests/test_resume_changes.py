@@ -1,0 +1,69 @@
+"""What a resume may change besides the world size: real one-process runs of a tiny recipe on the shared English
+corpus (tests/test_trainer_recipes.py's shards), stopped at step 4 and resumed with another setting."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import fork_server
+from test_trainer_recipes import corpus  # noqa: F401 (fixture: byte-level BPE shards of the English corpus)
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = [pytest.mark.slow]
+
+
+def pretrain(run_dir: Path, corpus: Path, *sets: str, resume: str = "auto", expect: int = 0):
+    args = [sys.executable, "-m", "trainer.pretrain", "--config", "tiny_bert", "--resume", resume]
+    for kv in (f"run_dir={run_dir}", f"data.corpora.0.prefix={corpus}", "train.steps=8", "train.eval_every=0",
+               "checkpoint.every_steps=4", "logging.every_steps=1", "logging.progress_bar=false",
+               "logging.tensorboard=false", "data.num_workers=0", *sets):
+        args += ["--set", kv]
+    proc = fork_server.run(args, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert proc.returncode == expect, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def train_records(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "split" not in r]
+
+
+def test_resume_with_another_global_batch_reads_on_from_the_consumed_position(tmp_path, corpus):  # noqa: F811
+    """16 x 4 steps, then 8 or 48 per step to step 8. Before: 16 -> 8 trained to step 4 of the rest and then
+    stopped with a bare StopIteration (the loader ended at train.steps x the new batch); 16 -> 48 refused at start
+    with "consumed_samples 64 is not at a step boundary ...; a checkpoint is taken between steps only"."""
+    first = tmp_path / "first"
+    pretrain(first, corpus, "train.global_batch_size=16", "train.stop_at_step=4")
+    step4 = first / "checkpoints" / "global_step4"
+    for G in (8, 48):
+        run_dir = tmp_path / f"g{G}"
+        proc = pretrain(run_dir, corpus, f"train.global_batch_size={G}", resume=str(step4))
+        assert f"train.global_batch_size 16 -> {G} from step 4" in proc.stdout
+        recs = train_records(run_dir)
+        assert [r["step"] for r in recs] == [5, 6, 7, 8]
+        assert [r["consumed_samples"] for r in recs] == [64 + G * k for k in range(1, 5)]
+
+
+def test_a_changed_global_batch_is_refused_where_samples_number_their_step_by_position(corpus, monkeypatch):
+    """ERNIE's components (its own ``build_components``) give a sample the step position // global batch: another
+    batch mid-run would shift every later sample's knowledge-masking level and task, so the resume is refused before
+    anything is loaded, saying what to do."""
+    from types import SimpleNamespace
+
+    import trainer.objectives
+    from trainer.config import load_config
+    from trainer.pretrain import global_batch_change
+
+    cfg = load_config("tiny_bert", [f"data.corpora.0.prefix={corpus}", "train.global_batch_size=8"], world_size=1)
+    saved = {"step": 4, "consumed_samples": 64, "config": {"train": {"global_batch_size": 16}}}
+    assert global_batch_change(saved, cfg, "CKPT").startswith("resume: train.global_batch_size 16 -> 8 from step 4")
+    assert global_batch_change({**saved, "config": {"train": {"global_batch_size": 8}}}, cfg, "CKPT") is None
+    monkeypatch.setattr(trainer.objectives, "get_objective", lambda _: SimpleNamespace(build_components=None))
+    with pytest.raises(ValueError, match=r"global_batch_size=16; this launch sets 8.*train.global_batch_size=16, or "
+                                         r"start a new run .*checkpoint.init_from=CKPT"):
+        global_batch_change(saved, cfg, "CKPT")
