@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import fork_server
+from trainer import checkpoint
 from test_trainer_recipes import corpus  # noqa: F401 (fixture: byte-level BPE shards of the English corpus)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,3 +68,35 @@ def test_a_changed_global_batch_is_refused_where_samples_number_their_step_by_po
     with pytest.raises(ValueError, match=r"global_batch_size=16; this launch sets 8.*train.global_batch_size=16, or "
                                          r"start a new run .*checkpoint.init_from=CKPT"):
         global_batch_change(saved, cfg, "CKPT")
+
+
+def _saved_at(tmp_path: Path, stage: int) -> Path:
+    tag = tmp_path / f"z{stage}" / "global_step4"
+    tag.mkdir(parents=True)
+    (tag / "bertfamily.json").write_text(json.dumps({"step": 4, "zero_stage": stage, "world_size": 2}))
+    return tag
+
+
+@pytest.mark.parametrize("saved, now, ok", [(0, 0, True), (1, 2, True), (2, 1, True), (3, 3, True), (0, 1, False),
+                                            (2, 0, False), (1, 3, False), (3, 1, False), (2, 3, False)])
+def test_which_zero_stage_changes_a_resume_takes(tmp_path, saved, now, ok):
+    why = checkpoint.zero_stage_change_error(_saved_at(tmp_path, saved), now)
+    assert (why is None) == ok, why
+    if not ok:
+        assert f"saved at ZeRO-{saved}; this launch runs ZeRO-{now}" in why
+        assert f"--set deepspeed.zero_stage={saved}" in why and "checkpoint.init_from=" in why
+
+
+@pytest.mark.multiproc
+def test_an_unsupported_zero_stage_change_is_refused_before_anything_is_loaded(tmp_path):
+    """ZeRO-0 -> ZeRO-1 failed inside DeepSpeed's load with FileNotFoundError zero_pp_rank_0_..._optim_states.pt
+    (2 -> 0: AttributeError 'NoneType' has no attribute 'copy'; 1 <-> 3: a bare AssertionError, after converting)."""
+    from test_trainer_multiproc import make_config, run
+
+    zero = {s: {"config": str(REPO / "ds_configs" / f"zero{s}.json")} for s in (0, 1)}
+    cfg = make_config(tmp_path, "run", deepspeed=zero[0], checkpoint={"every_steps": 4}, train={"eval_every": 0})
+    run(cfg, 1, "--set", "train.stop_at_step=4")
+    proc = run(cfg, 1, "--set", f"deepspeed.config={zero[1]['config']}", expect=1)
+    assert "was saved at ZeRO-0; this launch runs ZeRO-1" in proc.stderr
+    assert "optim_states" not in proc.stderr and "DeepSpeed's universal" not in proc.stdout
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == "global_step4"

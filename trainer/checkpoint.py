@@ -365,6 +365,26 @@ def needs_universal(tag_dir: Path, world_size: int, zero_stage: int | None = Non
     return saved["zero_stage"] > 0 and (saved["world_size"] != world_size or other_stage)
 
 
+def zero_stage_change_error(tag_dir: Path, zero_stage: int) -> str | None:
+    """Why a resume of ``tag_dir`` at ZeRO stage ``zero_stage`` cannot work, or None when it can.
+
+    Any world size at the checkpoint's own stage loads (stage 0 directly, 1-3 through the universal checkpoint), and
+    so do ZeRO-1 <-> ZeRO-2 (the same flat partitions). DeepSpeed 0.19.8 fails on every other change, deep in its
+    load and with no word of why: from ZeRO-0 (the optimizer state is a whole torch state dict, no ZeRO shards:
+    FileNotFoundError ..._optim_states.pt), to ZeRO-0 (its load takes no universal checkpoint: AttributeError), and
+    to or from ZeRO-3 (its model-state files are per rank: a bare AssertionError in check_ckpt_list). Checked
+    before anything is moved, converted or built."""
+    saved = read_state(tag_dir)["zero_stage"]
+    if saved == zero_stage or {saved, zero_stage} == {1, 2}:
+        return None
+    return (f"{tag_dir} was saved at ZeRO-{saved}; this launch runs ZeRO-{zero_stage}. A resume can change the world "
+            "size at any stage, and the stage only between 1 and 2 (DeepSpeed cannot load ZeRO-0 <-> 1/2/3 or "
+            "ZeRO-3 <-> 1/2 optimizer state). Resume at ZeRO-{0} (--set deepspeed.zero_stage={0}, or the "
+            "deepspeed.config it ran with), or start a new run (another run_dir) from its weights with --set "
+            "checkpoint.init_from={1} (weights only: optimizer state, lr schedule and data order start over)"
+            ).format(saved, tag_dir)
+
+
 UNIVERSAL_WAIT_S = float(os.environ.get("BERTFAMILY_UNIVERSAL_WAIT_S", 4 * 3600))
 
 

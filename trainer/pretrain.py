@@ -226,8 +226,14 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)  # other ranks too (a node-local run_dir)
     root = checkpoint_dir(cfg)
     resume_dir = checkpoint.resolve_resume(root, args.resume)
+    stage = zero_stage(cfg, read_ds_json(cfg))
     # refused before the lineage moves anything aside
-    batch_note = global_batch_change(checkpoint.read_state(resume_dir), cfg, str(resume_dir)) if resume_dir else None
+    batch_note = None
+    if resume_dir is not None:
+        why = checkpoint.zero_stage_change_error(resume_dir, stage)
+        if why:
+            raise ValueError(why)
+        batch_note = global_batch_change(checkpoint.read_state(resume_dir), cfg, str(resume_dir))
     # a start that is not the continuation of the folder's newest checkpoint moves the newer ones aside
     fence = lock.check if lock is not None else None  # before every write: the folder is still ours
     run_id = checkpoint.begin_lineage(root, resume_dir, rank, device, fence)
@@ -236,7 +242,6 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         why = resume_padding_error(checkpoint.read_state(resume_dir).get("config"), cfg.model, str(resume_dir))
         if why:
             raise ValueError(why)
-    stage = zero_stage(cfg, read_ds_json(cfg))
     universal = resume_dir is not None and checkpoint.needs_universal(resume_dir, world_size, stage)
     if universal:
         saved = checkpoint.read_state(resume_dir)
