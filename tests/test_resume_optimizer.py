@@ -4,7 +4,8 @@
 The moments and step counts come from the checkpoint; each param group's settings (betas, eps, weight decay, LAMB's
 trust-ratio exclusion) come from the config of the resuming launch, as they would for a fresh start. DeepSpeed's load
 put the checkpoint's there (and its ZeRO-3 universal load group 0's on every group, with one ``step`` tensor shared
-by every sub-group): trainer/engine.py ``restore_group_settings`` / ``untie_state_tensors``.
+by every sub-group): trainer/engine.py ``restore_group_settings`` / ``untie_state_tensors``. Also: a preemption
+that arrives while such a resume converts its checkpoint to the universal form.
 """
 from __future__ import annotations
 
@@ -70,3 +71,35 @@ def test_lamb_zero3_resume_on_another_world_size_matches_the_uninterrupted_run(z
     assert sorted(got) == list(range(1, 9))
     for step in range(5, 9):
         assert got[step] == pytest.approx(ref[step], rel=1e-6, abs=0), (step, got[step], ref[step])
+
+
+def test_sigterm_during_the_universal_conversion_is_a_preemption(tmp_path):
+    """SIGTERM to the job's process group (Slurm's preemption) while rank 0 converts a 2-rank checkpoint for 1 rank:
+    the converter, a child in that group, dies too. Before: status "failed", exit 1, ``.universal.tmp`` left behind.
+    Now: exit 75, status "preempted", no partial folder; the requeued launch converts again and trains."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_trainer_multiproc import command
+
+    cfg = make_config(tmp_path, "run", **{**ZERO3, "deepspeed": {"config": str(REPO / "ds_configs" / "zero2.json")}})
+    run(cfg, 2, "--set", "train.stop_at_step=4")
+    tag = tmp_path / "run" / "checkpoints" / "global_step4"
+    proc = subprocess.Popen(command(cfg, 1), cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (tag / ".universal.tmp").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, proc.communicate()
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out[-2000:] + err[-4000:]
+    assert "preempted during the universal conversion" in out
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "preempted"
+    assert not (tag / ".universal.tmp").exists() and not (tag / "universal").exists()
+    again = run(cfg, 1)
+    assert "resumed from" in again.stdout and sorted(losses(tmp_path / "run")) == list(range(1, 9))

@@ -277,7 +277,7 @@ def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_s
         except Exception as err:  # noqa: BLE001
             failure = err
     # every rank's shards are on disk, or some rank failed: one all-reduce (in place of a barrier) tells all
-    worst = _all_max(0 if failure is None else 2 if is_disk_full(failure) else 1, device)
+    worst = all_max(0 if failure is None else 2 if is_disk_full(failure) else 1, device)
     if worst:
         if rank == 0:
             shutil.rmtree(tag_dir, ignore_errors=True)  # the partial folder (it can hold gigabytes)
@@ -318,7 +318,7 @@ def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_s
     return tag_dir
 
 
-def _all_max(value: int, device) -> int:
+def all_max(value: int, device) -> int:
     """The largest ``value`` over all ranks (one all-reduce on the device: NCCL reduces device tensors only)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
         t = torch.tensor([value], dtype=torch.int64, device=device)
@@ -408,6 +408,7 @@ def prepare_universal(tag_dir: Path, rank: int, wait_s: float | None = None, pol
         try:
             convert_to_universal(tag_dir, tmp)
         except BaseException as err:
+            shutil.rmtree(tmp, ignore_errors=True)  # a partial conversion (a preemption kills the converter too)
             failed.write_text(f"{type(err).__name__}: {err}\n")
             raise
         (tmp / ".complete").write_text("")

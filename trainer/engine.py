@@ -470,6 +470,8 @@ def convert_to_universal(tag_dir: Path, out_dir: Path) -> None:
         bad = safe_load.refused_files([tag_dir], checkpoint_globals())
         if bad:
             raise safe_load.UntrustedCheckpointError("\n".join(safe_load.refusal(f, g) for f, g in bad))
+    if proc.returncode < 0:  # e.g. SIGTERM to the job's process group (a preemption), or the OOM killer
+        raise RuntimeError(f"universal conversion of {tag_dir} was killed by signal {-proc.returncode}")
     if proc.returncode != 0:
         raise RuntimeError(f"universal conversion of {tag_dir} failed (exit {proc.returncode}):\n"
                            f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")

@@ -16,7 +16,8 @@ the registry (``trainer/objectives``), which builds the model and, for ERNIE, it
 objective by registering it (``trainer.objectives.register``) and then calling ``main(argv)``.
 
 Exit status: 0 done; 1 error; 2 invalid config (before anything was launched); 3 stopped by the NaN/Inf guard;
-75 preempted by SIGTERM/SIGUSR1 after saving a checkpoint: requeue and run the same command (``--resume auto``).
+75 preempted by SIGTERM/SIGUSR1 after saving a checkpoint (or before training, when the signal came while a resume
+converted its checkpoint for another world size): requeue and run the same command (``--resume auto``).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from trainer.config import (  # noqa: E402
     ConfigError, RunConfig, batch_plan, ceiling_note, checkpoint_dir, load_config,
 )
 from trainer.log import print0  # noqa: E402
-from trainer.run_status import EXIT_CONFIG, EXIT_ERROR, EXIT_NONFINITE, write_status  # noqa: E402
+from trainer.run_status import EXIT_CONFIG, EXIT_ERROR, EXIT_NONFINITE, EXIT_REQUEUE, write_status  # noqa: E402
 
 if TYPE_CHECKING:  # imports torch: loaded in run(), after validation
     from trainer.loop import Components
@@ -247,7 +248,22 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         saved = checkpoint.read_state(resume_dir)
         print0(f"resume: {resume_dir.name} was saved on {saved['world_size']} ranks at ZeRO-{saved['zero_stage']}; "
                f"converting to DeepSpeed's universal checkpoint for {world_size}")
-        uni = checkpoint.prepare_universal(resume_dir, rank)
+        try:
+            uni = checkpoint.prepare_universal(resume_dir, rank)
+        except Exception:
+            if not preempt.requested:
+                raise
+            # SIGTERM to the job's process group also killed the converter (a child in it): a preemption, not a
+            # failure; the next launch converts again (prepare_universal removed the partial folder)
+            uni = None
+        # also after a signal during a conversion that finished (one all-reduce: every rank stops or none does),
+        # rather than build, load and train a step before the loop's check
+        if uni is None or checkpoint.all_max(int(preempt.requested), device):
+            saved_step = checkpoint.read_state(resume_dir)["step"]
+            print0(f"preempted during the universal conversion of {resume_dir}: nothing trained; exiting with status "
+                   f"{EXIT_REQUEUE} (requeue and run again with --resume auto)")
+            write_status(cfg.run_dir, rank, "preempted", saved_step, fence=fence)
+            return EXIT_REQUEUE
         load_root, load_tag = uni.parent, uni.name
     elif resume_dir is not None:
         load_root, load_tag = resume_dir.parent, resume_dir.name
