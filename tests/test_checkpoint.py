@@ -76,6 +76,21 @@ def test_latest_pointer_lost_or_stale_falls_back_to_newest_complete(tmp_path):
     assert checkpoint.resolve_resume(root, str(root)) == root / "global_step3"
 
 
+def test_a_stale_latest_naming_an_older_checkpoint_does_not_make_resume_auto_a_roll_back(tmp_path):
+    """A kill after global_step8's state file and before ``latest`` moved: ``latest`` still names global_step4.
+    Before, --resume auto took global_step4 and begin_lineage moved the complete global_step8 aside."""
+    root = tmp_path / "checkpoints"
+    _save(root, 4)
+    _save(root, 8)
+    (root / "latest").write_text("global_step4")
+    assert checkpoint.find_latest(root) == root / "global_step8"
+    resume = checkpoint.resolve_resume(root, "auto")
+    assert resume == root / "global_step8"
+    checkpoint.begin_lineage(root, resume, rank=0)
+    assert checkpoint.complete_checkpoints(root) == [root / "global_step4", root / "global_step8"]
+    assert not list(root.glob("abandoned-*"))
+
+
 def test_keep_last_k_and_incomplete_debris_pruned(tmp_path):
     root = tmp_path / "checkpoints"
     _save(root, 1, keep_last=2)

@@ -11,7 +11,9 @@ Layout (DESIGN.md "Checkpoints")::
 A checkpoint is complete iff its ``bertfamily.json`` exists; that file is written by rank 0 after a barrier that
 every rank reaches only after its own shards are on disk, and then ``latest`` moves (write a temp file, then
 ``os.replace``, which is atomic on POSIX). A kill at any point of a save therefore leaves ``latest`` naming the
-previous complete checkpoint, and ``--resume auto`` never picks a half-written one.
+previous complete checkpoint, and ``--resume auto`` never picks a half-written one. ``--resume auto`` takes the newest
+complete checkpoint, also when ``latest`` lags behind it (a kill between the state file and the pointer); ``latest``
+is for people and tools that read the folder.
 """
 from __future__ import annotations
 
@@ -82,13 +84,12 @@ def complete_checkpoints(root: Path) -> list[Path]:
 
 
 def find_latest(root: Path) -> Path | None:
-    """The ``latest`` pointer if it names a complete checkpoint, else the newest complete one, else None."""
-    root = Path(root)
-    pointer = root / LATEST
-    if pointer.is_file():
-        tag_dir = root / pointer.read_text().strip()
-        if is_complete(tag_dir):
-            return tag_dir
+    """The newest complete checkpoint under ``root``, else None.
+
+    Not whatever ``latest`` names: a save moves ``latest`` after its checkpoint is complete, so a kill between the two
+    leaves it naming the previous one, and trusting it made ``--resume auto`` a roll-back (``begin_lineage`` moved
+    the newer, complete checkpoint aside). Every complete checkpoint in ``root`` is of the folder's current lineage
+    (a roll-back moves the newer ones aside before it trains), so the newest is the one to continue."""
     done = complete_checkpoints(root)
     return done[-1] if done else None
 
