@@ -100,3 +100,18 @@ def test_an_unsupported_zero_stage_change_is_refused_before_anything_is_loaded(t
     assert "was saved at ZeRO-0; this launch runs ZeRO-1" in proc.stderr
     assert "optim_states" not in proc.stderr and "DeepSpeed's universal" not in proc.stdout
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == "global_step4"
+
+
+@pytest.mark.multiproc
+def test_relaunching_a_stopped_run_with_the_same_stop_at_step_trains_nothing(tmp_path):
+    """Before: each relaunch trained one more step, saved it and pruned a regular checkpoint (keep_last)."""
+    from test_trainer_multiproc import losses, make_config, run
+
+    cfg = make_config(tmp_path, "run", checkpoint={"every_steps": 2, "keep_last": 2}, train={"eval_every": 0})
+    run(cfg, 1, "--set", "train.stop_at_step=4")
+    proc = run(cfg, 1, "--set", "train.stop_at_step=4")
+    assert "nothing to train: resumed at step 4, train.stop_at_step=4" in proc.stdout + proc.stderr
+    assert sorted(losses(tmp_path / "run")) == [1, 2, 3, 4]
+    root = tmp_path / "run" / "checkpoints"
+    assert [p.name for p in checkpoint.complete_checkpoints(root)] == ["global_step2", "global_step4"]
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "stopped"

@@ -230,6 +230,13 @@ class Trainer:
 
     def train(self) -> int:
         cfg, state = self.cfg, self.state
+        if cfg.train.stop_at_step and cfg.train.stop_at_step <= state.step < cfg.train.steps:
+            # a relaunch of the stopped command: it trained one more step per launch (and its save pruned a regular
+            # checkpoint) before it stopped again
+            self.metrics.message(f"nothing to train: resumed at step {state.step}, train.stop_at_step="
+                                 f"{cfg.train.stop_at_step}; raise or unset train.stop_at_step to continue")
+            write_status(cfg.run_dir, self.rank, "stopped", state.step, fence=self.fence)
+            return EXIT_OK
         # Not train.steps x global batch: a resume with another train.global_batch_size (pretrain.py
         # global_batch_change) has consumed another number of samples by its step than that product says.
         end = state.consumed_samples + (cfg.train.steps - state.step) * cfg.train.global_batch_size
