@@ -219,6 +219,26 @@ def _init_worker(*args) -> None:
     _WORKER = _Worker(*args)
 
 
+def _die_with_parent(parent: int) -> None:
+    """Linux: ask the kernel to SIGKILL this pool worker when the process that forked it dies. A parent killed by
+    SIGTERM or SIGKILL runs no cleanup, and its workers, blocked reading the pool's pipe, would otherwise live on
+    forever. Losing a worker mid-piece loses nothing finished: a piece counts as done only once its record is written
+    (atomically), and a rerun redoes the rest. Elsewhere (no prctl) this does nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def _init_pool_worker(parent: int, *args) -> None:
+    _die_with_parent(parent)
+    _init_worker(*args)
+
+
 def _build_in_worker(piece: Piece) -> dict:
     return _WORKER.build(piece)
 
@@ -293,7 +313,8 @@ def _run_pieces(todo: list[Piece], args, settings: Settings, workdir: Path, worl
             # not initialised yet (see _mpi_allgather), so forking is safe. ProcessPoolExecutor, not Pool: a worker
             # killed by the OOM killer breaks the executor (an error here) where Pool would wait for it forever.
             ctx = mp.get_context("fork")
-            with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=_init_worker, initargs=init) as pool:
+            with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=_init_pool_worker,
+                                     initargs=(os.getpid(), *init)) as pool:
                 pending = {pool.submit(_build_in_worker, p) for p in todo}
                 try:
                     while pending:

@@ -449,3 +449,60 @@ def test_an_output_prefix_that_names_a_folder_is_refused(en_tokenizer, tmp_path,
         assert err.value.code == 2
         assert "names a folder; give FOLDER/NAME" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and list((tmp_path / "existing").iterdir()) == []
+
+
+def test_pool_workers_exit_when_the_parent_is_killed_and_the_run_resumes(en_tokenizer, tmp_path):
+    """Reviewer bug 10: SIGTERM to build_indexed left its --workers processes orphaned forever (blocked on the pool's
+    pipe). Now each worker asks the kernel to kill it with its parent (PR_SET_PDEATHSIG); the run, started again,
+    ends byte-identical to an uninterrupted one. The parent is a fork of this test process whose workers (forked
+    from it, so they inherit the patch) hang in their third piece, like workers busy with a long piece."""
+    import signal
+    import time
+
+    import psutil
+
+    src = small_text(tmp_path / "a.txt", docs=400)
+    common = ("--chunk-size-mb", "0.004", "--workers", "2")
+    ref, prefix = tmp_path / "ref" / "c", tmp_path / "run" / "c"
+    assert build([src], en_tokenizer, ref, *common) == 0
+    hanging = tmp_path / "hanging"
+    hanging.mkdir()
+    pid = os.fork()
+    if pid == 0:  # the build_indexed process to be killed
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            real = build_indexed._Worker.build
+
+            def hang_from_the_third_piece(self, piece):
+                if piece.index >= 2:
+                    (hanging / str(os.getpid())).touch()
+                    time.sleep(120)
+                return real(self, piece)
+
+            build_indexed._Worker.build = hang_from_the_third_piece
+            build([src], en_tokenizer, prefix, *common)
+        finally:
+            os._exit(3)
+    workers = []
+    try:
+        deadline = time.time() + 30
+        while len(list(hanging.iterdir())) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        workers = psutil.Process(pid).children()
+        assert len(workers) == 2 and len(list(hanging.iterdir())) == 2
+        os.kill(pid, signal.SIGTERM)
+        assert os.waitpid(pid, 0)[1] == signal.SIGTERM
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert alive == [], "pool workers outlived their parent"
+    finally:
+        for proc in workers:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+    assert len(list(Path(f"{prefix}.work").glob("piece_*.json"))) == 2
+    assert build([src], en_tokenizer, prefix, *common) == 0
+    assert output_files(prefix) == output_files(ref)
