@@ -25,13 +25,13 @@ COMMON=${BERTFAMILY_HOME:-${SLURM_SUBMIT_DIR:-.}}/slurm/common.sh
 bf_setup_env
 [ $# -gt 0 ] || bf_die "no arguments: pass data_prep/build_indexed.py's, e.g. --input 'corpus/*.txt' --tokenizer DIR --output-prefix PREFIX"
 RANKS_PER_NODE=${RANKS_PER_NODE:-1}
-CPUS=${SLURM_CPUS_ON_NODE:-1}
+CPUS=$(bf_min_cpus "${SLURM_JOB_CPUS_PER_NODE:-${SLURM_CPUS_ON_NODE:-1}}")  # the smallest node's (mixed partitions)
 WORKERS=${WORKERS:-$(( CPUS / RANKS_PER_NODE > 0 ? CPUS / RANKS_PER_NODE : 1 ))}
 NNODES=${SLURM_JOB_NUM_NODES:-1}
 bf_log "job $SLURM_JOB_ID: data prep on $NNODES node(s) x $RANKS_PER_NODE rank(s), $WORKERS worker(s) per rank"
 srun --mpi="${SRUN_MPI:-pmix}" --nodes="$NNODES" --ntasks=$((NNODES * RANKS_PER_NODE)) \
     --ntasks-per-node="$RANKS_PER_NODE" --cpus-per-task="$(( CPUS / RANKS_PER_NODE > 0 ? CPUS / RANKS_PER_NODE : 1 ))" \
-    --kill-on-bad-exit=1 --label \
+    --export=ALL --kill-on-bad-exit=1 --label \
     python data_prep/build_indexed.py --workers "$WORKERS" "$@"
 rc=$?
 if [ $rc -ne 0 ]; then

@@ -55,6 +55,8 @@ bf_setup_env() {
     BERTFAMILY_HOME=${BERTFAMILY_HOME:-${SLURM_SUBMIT_DIR:-$PWD}}
     [ -d "$BERTFAMILY_HOME/trainer" ] && [ -d "$BERTFAMILY_HOME/data_prep" ] || bf_die "BERTFAMILY_HOME=$BERTFAMILY_HOME \
 is not a bertfamily checkout (no trainer/ and data_prep/): run sbatch from the repository root or set BERTFAMILY_HOME"
+    # absolute before the cd: the default venv below is relative to it
+    BERTFAMILY_HOME=$(cd "$BERTFAMILY_HOME" && pwd) || bf_die "cannot cd to $BERTFAMILY_HOME"
     cd "$BERTFAMILY_HOME" || bf_die "cannot cd to $BERTFAMILY_HOME"
     # The venv must be active in the job itself: a job that falls back to system Python finds no deepspeed, and one
     # that mixes ninja builds recompiles DeepSpeed's native ops (~1 min each) in every job.
@@ -99,8 +101,14 @@ bf_setup() {
     BF_FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
     # NodeAddr, not the node name: names do not resolve on every cluster (and on the test cluster both nodes are
     # 127.0.0.1 with different slurmd ports).
-    BF_MASTER_ADDR=$(scontrol show node -o "$BF_FIRST_NODE" | tr ' ' '\n' | sed -n 's/^NodeAddr=//p')
-    [ -n "$BF_MASTER_ADDR" ] || bf_die "could not read NodeAddr of $BF_FIRST_NODE from 'scontrol show node'"
+    BF_MASTER_ADDR=$(scontrol show node -o "$BF_FIRST_NODE" 2>/dev/null | tr ' ' '\n' | sed -n 's/^NodeAddr=//p')
+    if [ -z "$BF_MASTER_ADDR" ]; then
+        # Sites with PrivateData=nodes refuse 'scontrol show node' to users. This shell runs on the job's first node
+        # (Slurm starts the batch script there), so its own name is the rendezvous host.
+        BF_MASTER_ADDR=$(hostname)
+        bf_log "warning: 'scontrol show node $BF_FIRST_NODE' gave no NodeAddr (PrivateData=nodes?): rendezvous at this \
+batch host's name, $BF_MASTER_ADDR"
+    fi
     # A port per job and per restart, so a requeued job never meets its predecessor's socket in TIME_WAIT; in
     # 12000-31999, below Linux's ephemeral range (32768-60999), where the kernel hands ports to outgoing connections
     # (gloo's and NCCL's own, any client on the node) and a derived port was seen taken (EADDRINUSE) on a busy node.
@@ -128,6 +136,17 @@ bf_setup() {
         BF_BACKEND=gloo
     fi
 
+    # CPUs each node's task may ask for: the smallest node's share (SLURM_CPUS_ON_NODE is the batch node's alone; on a
+    # partition mixing node generations a step asking every node for it is refused: "More processors requested than
+    # permitted"). SLURM_JOB_CPUS_PER_NODE reads like "72(x2),36".
+    BF_CPUS=$(bf_min_cpus "${SLURM_JOB_CPUS_PER_NODE:-${SLURM_CPUS_ON_NODE:-1}}")
+    # The training step asks for its GPUs itself: without it the step inherits the template's #SBATCH
+    # --gpus-per-node=8, which a job submitted with --gres=gpu:4 cannot give ("Step requested gres_per_node=gpu:8 is
+    # more than the job's"), and an exclusive job's batch shell counts every GPU of the node while a step gets only
+    # those requested (two ranks would share each GPU).
+    BF_STEP_GPUS=()
+    if [ "$BF_BACKEND" = nccl ] && [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then BF_STEP_GPUS=(--gpus-per-node="$BF_NPROC"); fi
+
     BF_RESTART=${SLURM_RESTART_COUNT:-0}
     BF_JOB_TAG="job${SLURM_JOB_ID}-restart${BF_RESTART}"
     BF_RC=0
@@ -136,6 +155,19 @@ bf_setup() {
     trap '_bf_on_signal TERM' TERM
     bf_log "job $SLURM_JOB_ID (restart $BF_RESTART) on $BF_NNODES node(s) [$SLURM_JOB_NODELIST]: $BF_NPROC rank(s) per" \
         "node, backend $BF_BACKEND, rendezvous $BF_MASTER_ADDR:$BF_MASTER_PORT ($BF_FIRST_NODE)"
+}
+
+# bf_min_cpus SPEC: the smallest count in a SLURM_JOB_CPUS_PER_NODE value ("72(x2),36" -> 36; "8" -> 8).
+bf_min_cpus() {
+    local min="" n
+    local -a counts
+    IFS=, read -r -a counts <<<"$1"
+    for n in "${counts[@]}"; do
+        n=${n%%(*}  # "72(x2)" -> 72
+        [[ $n =~ ^[0-9]+$ ]] || continue
+        if [ -z "$min" ] || [ "$n" -lt "$min" ]; then min=$n; fi
+    done
+    echo "${min:-1}"
 }
 
 # Two ways a job is told to stop, both ending with every rank saving at the next step boundary and exiting 75:
@@ -157,14 +189,27 @@ bf_sets() {
     if [ -n "${DATA_PREFIX:-}" ]; then
         [ -f "$DATA_PREFIX.manifest.json" ] || bf_die "DATA_PREFIX=$DATA_PREFIX: no $DATA_PREFIX.manifest.json \
 (prepare the corpus with slurm/build_indexed.sh or data_prep/build_indexed.py first)"
-        BF_SETS+=(--set "data.corpora=[{prefix: $DATA_PREFIX}]")
+        # a YAML double-quoted string (as JSON escapes it): a comma, ' #' or a bracket in the path stays in the path
+        local quoted=${DATA_PREFIX//\\/\\\\}
+        quoted=${quoted//\"/\\\"}
+        BF_SETS+=(--set "data.corpora=[{prefix: \"$quoted\"}]")
     fi
     local kv words
-    read -r -a words <<<"${EXTRA_SETS:-}"  # split on whitespace without globbing ("optim.betas=[0.9,0.98]")
+    # split on whitespace, newlines included (a multi-line EXTRA_SETS), without globbing ("optim.betas=[0.9,0.98]");
+    # read -d '' reads to the end and returns 1 there
+    read -r -d '' -a words <<<"${EXTRA_SETS:-}" || true
     for kv in ${words[@]+"${words[@]}"}; do  # (the +-form: bash < 4.4 calls an empty array unbound under set -u)
         case "$kv" in *=*) ;; *) bf_die "EXTRA_SETS: '$kv' is not KEY=VALUE (e.g. EXTRA_SETS='optim.lr=2e-4')";; esac
         BF_SETS+=(--set "$kv")
     done
+}
+
+# bf_stopped: true (and BF_RC 75) when a stop signal arrived; a step it killed (the config check, the cache build)
+# is then a stop, not a failure.
+bf_stopped() {
+    [ -n "$BF_SIGNAL" ] || return 1
+    bf_log "stopped by SIG$BF_SIGNAL before training started; requeue to continue"
+    BF_RC=$BF_EXIT_REQUEUE
 }
 
 # bf_train CONFIG RUN_DIR [trainer args...]: one launch of trainer/pretrain.py over all nodes; sets BF_RC.
@@ -182,18 +227,19 @@ bf_train() {
     # WORLD_SIZE makes the check include the batch arithmetic (global = micro x accumulation x ranks).
     WORLD_SIZE=$((BF_NNODES * BF_NPROC)) python "$BF_TRAIN_SCRIPT" --config "$config" "${BF_SETS[@]}" "$@" --check \
         >"$BF_LOG_DIR/config.json" \
-        || bf_die "config $config ${BF_SETS[*]} $* is invalid (message above); nothing was launched"
+        || { bf_stopped && return 0; bf_die "config $config ${BF_SETS[*]} $* is invalid (message above); nothing \
+was launched"; }
     bf_log "run $run_dir: config $config; per-rank logs in $BF_LOG_DIR/node*/"
     if [ -n "$BF_SIGNAL" ]; then BF_RC=$BF_EXIT_REQUEUE; return 0; fi  # told to stop before anything started
     # The data caches once, here, before any node starts: a 2B-sentence index takes minutes to build, which every GPU
     # of the job would otherwise spend waiting for rank 0. An existing, valid cache is only checked (seconds).
     if [ "${BUILD_INDEX:-1}" != 0 ]; then
-        local cpus=${SLURM_CPUS_ON_NODE:-1}
+        local cpus=${SLURM_CPUS_ON_NODE:-1}  # (runs on this node only)
         # a GPU node has 128-224 CPUs: 16 threads already read shards faster than a shared filesystem serves them
         python -m trainer.data.build_index --config "$config" "${BF_SETS[@]}" "$@" \
             --workers "${INDEX_WORKERS:-$(( cpus < 16 ? cpus : 16 ))}" --memory-gb "${INDEX_MEMORY_GB:-2}" \
             >"$BF_LOG_DIR/build_index.log" 2>&1 \
-            || { cat "$BF_LOG_DIR/build_index.log" >&2; bf_die "building the data caches of $config failed (message \
+            || { bf_stopped && return 0; cat "$BF_LOG_DIR/build_index.log" >&2; bf_die "building the data caches of $config failed (message \
 above, $BF_LOG_DIR/build_index.log); nothing was launched"; }
         bf_log "data caches ready ($(tail -n 1 "$BF_LOG_DIR/build_index.log"))"
         if [ -n "$BF_SIGNAL" ]; then BF_RC=$BF_EXIT_REQUEUE; return 0; fi
@@ -210,8 +256,10 @@ above, $BF_LOG_DIR/build_index.log); nothing was launched"; }
     touch "$BF_LOG_DIR/launched"
     BF_LAUNCH_START=$SECONDS
     # shellcheck disable=SC2016  # $SLURM_NODEID must expand on each node, not here
-    srun --nodes="$BF_NNODES" --ntasks="$BF_NNODES" --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}" \
-        --kill-on-bad-exit=1 --wait=60 --label \
+    # --export=ALL: a job submitted with --export=NONE (or SBATCH_EXPORT=NONE) makes srun pass no environment, and the
+    # tasks would start without the venv this shell activated.
+    srun --nodes="$BF_NNODES" --ntasks="$BF_NNODES" --ntasks-per-node=1 --cpus-per-task="$BF_CPUS" \
+        ${BF_STEP_GPUS[@]+"${BF_STEP_GPUS[@]}"} --export=ALL --kill-on-bad-exit=1 --wait=60 --label \
         bash -c 'mkdir -p "$0/node$SLURM_NODEID" && exec torchrun --node-rank="$SLURM_NODEID" \
             --log-dir="$0/node$SLURM_NODEID" "$@"' "$BF_LOG_DIR" \
         --nnodes="$BF_NNODES" --nproc-per-node="$BF_NPROC" --rdzv-backend=static \

@@ -73,3 +73,95 @@ def test_the_templates_launch_torchrun_with_the_options_read_from_it(option):
     """Neither option is written into the srun line itself any more (that is what broke on torch 2.11)."""
     launch = (REPO / "slurm" / "common.sh").read_text().split("srun --nodes=", 1)[1].split("BF_SRUN_PID=", 1)[0]
     assert option not in launch and '"${BF_TORCHRUN_OPTS[@]}"' in launch
+
+
+def common(tmp_path, script, env=None, fakes=None, cwd=REPO):
+    """Run ``script`` after sourcing slurm/common.sh, with fake commands (name -> sh body) first on PATH. The fakes
+    prove what common.sh asks of srun/scontrol/python, not what Slurm does with it: the Slurm tests run the real
+    templates on a 2-node cluster, whose nodes have no GPUs, one CPU each and readable node records."""
+    fake = tmp_path / "fakebin"
+    fake.mkdir(exist_ok=True)
+    for name, body in (fakes or {}).items():
+        (fake / name).write_text("#!/bin/bash\n" + body + "\n")
+        (fake / name).chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "BERTFAMILY_", "EXTRA_SETS",
+                                                                     "DATA_PREFIX", "GPUS_PER_NODE"))}
+    full_env = dict(base, PATH=os.pathsep.join([str(fake), str(Path(sys.executable).parent), "/usr/bin", "/bin"]),
+                    **(env or {}))
+    return subprocess.run(["bash", "-c", f"set -uo pipefail; source {REPO}/slurm/common.sh; {script}"], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, env=full_env)
+
+
+def test_extra_sets_over_several_lines_and_a_data_prefix_with_any_character_reach_the_trainer(tmp_path):
+    """A multi-line EXTRA_SETS kept only its first line (read stops at a newline: a run trained with the recipe's
+    values, silently); a DATA_PREFIX holding a comma or ' #' was pasted into YAML unquoted and named another path."""
+    from trainer.config import apply_override
+    prefix = tmp_path / "corpora, v2 #1" / "en[web]"
+    prefix.parent.mkdir()
+    (tmp_path / "corpora, v2 #1" / "en[web].manifest.json").write_text("{}")
+    proc = common(tmp_path, 'bf_sets runs/x; printf "%s\\n" "${BF_SETS[@]}"',
+                  env={"EXTRA_SETS": "\n  train.micro_batch_size=2\n\ttrain.steps=7 optim.betas=[0.9,0.98]\n",
+                       "DATA_PREFIX": str(prefix)})
+    assert proc.returncode == 0, proc.stderr
+    args = proc.stdout.splitlines()
+    assert args[0::2] == ["--set"] * 5
+    raw: dict = {}
+    for kv in args[1::2]:
+        apply_override(raw, kv)
+    assert raw["run_dir"] == "runs/x" and raw["data"]["corpora"] == [{"prefix": str(prefix)}]
+    assert raw["train"] == {"micro_batch_size": 2, "steps": 7} and raw["optim"]["betas"] == [0.9, 0.98]
+
+
+def test_the_training_step_asks_for_its_gpus_the_smallest_nodes_cpus_and_passes_the_environment(tmp_path):
+    """On a node with GPUs (Slurm's variables faked): the step asks srun for the ranks' GPUs (a --gres=gpu:4 job's
+    step inherited the template's --gpus-per-node=8 and was refused), for the smallest node's CPUs ("4(x1),2": the
+    batch node's 4 was refused on the 2-CPU node) and --export=ALL (an --export=NONE job's tasks started without the
+    venv). 'scontrol show node' refused (PrivateData=nodes): the batch host's name is the rendezvous. A relative
+    BERTFAMILY_HOME finds its venv."""
+    home = tmp_path / "my repo"
+    for sub in ("trainer", "data_prep", ".venv/bin"):
+        (home / sub).mkdir(parents=True)
+    (home / ".venv/bin/activate").write_text("export BF_TEST_VENV=active\n")
+    (home / "trainer/pretrain.py").write_text("")
+    fakes = {
+        "scontrol": 'if [ "$1 $2" = "show hostnames" ]; then printf "n1\\nn2\\n"; exit 0; fi\n'
+                    'echo "slurm_load_node error: Access/permission denied" >&2; exit 1',
+        "torchrun": 'echo "usage: torchrun [--signals-to-handle S] [--shutdown-timeout T]"',
+        "hostname": "echo batchhost",
+        "python": "exit 0",
+        "srun": 'printf "%s\\n" "$@" > "$BF_SRUN_ARGS"; echo "BF_TEST_VENV=${BF_TEST_VENV:-}" >> "$BF_SRUN_ARGS"',
+    }
+    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2",
+           "SLURM_CPUS_ON_NODE": "4", "SLURM_JOB_CPUS_PER_NODE": "4(x1),2", "SLURM_GPUS_ON_NODE": "2",
+           "BERTFAMILY_HOME": "my repo", "BUILD_INDEX": "0", "BF_SRUN_ARGS": str(tmp_path / "srun_args")}
+    proc = common(tmp_path, 'bf_setup; echo "home=$BERTFAMILY_HOME addr=$BF_MASTER_ADDR nproc=$BF_NPROC"; '
+                            'bf_train tiny_roberta runs/x; echo "rc=$BF_RC"', env=env, fakes=fakes, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"home={home} addr=batchhost nproc=2" in proc.stdout and "PrivateData=nodes" in proc.stdout
+    srun = (tmp_path / "srun_args").read_text().splitlines()
+    launch = srun[: srun.index("bash")]
+    assert {"--gpus-per-node=2", "--cpus-per-task=2", "--export=ALL", "--nodes=2"} <= set(launch), launch
+    assert "--nproc-per-node=2" in srun and "--master-addr=batchhost" in srun and "BF_TEST_VENV=active" in srun
+    assert "rc=0" in proc.stdout
+    no_gpus = common(tmp_path, 'bf_setup; bf_train tiny_roberta runs/x',
+                     env={**env, "SLURM_GPUS_ON_NODE": "0"}, fakes=fakes, cwd=tmp_path)
+    assert no_gpus.returncode == 0, no_gpus.stderr
+    assert not any(a.startswith("--gpus") for a in (tmp_path / "srun_args").read_text().splitlines())
+
+
+def test_a_stop_signal_that_ends_the_config_check_is_a_stop_not_a_failure(tmp_path):
+    """Slurm's SIGTERM reaches every process of the job: the config check (or the cache build) it killed used to be
+    reported as "config ... is invalid" with exit 1; it is a stop (75: requeue), and nothing is launched."""
+    home = tmp_path / "repo"
+    for sub in ("trainer", "data_prep"):
+        (home / sub).mkdir(parents=True)
+    (home / "trainer/pretrain.py").write_text("")
+    fakes = {"scontrol": 'if [ "$1 $2" = "show hostnames" ]; then echo n1; else echo "NodeName=n1 NodeAddr=10.0.0.1"; fi',
+             "torchrun": "exit 0", "python": 'kill -TERM "$PPID"; sleep 0.2; exit 143', "srun": "touch srun_ran"}
+    env = {"SLURM_JOB_ID": "78", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1", "BERTFAMILY_HOME": str(home),
+           "BERTFAMILY_VENV": "none"}
+    proc = common(tmp_path, 'bf_setup; bf_train tiny_roberta runs/x; echo "rc=$BF_RC"', env=env, fakes=fakes,
+                  cwd=tmp_path)
+    assert proc.returncode == 0 and "rc=75" in proc.stdout, proc.stdout + proc.stderr
+    assert "invalid" not in proc.stderr and "stopped by SIGTERM" in proc.stdout
+    assert not (home / "srun_ran").exists()
