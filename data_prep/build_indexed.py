@@ -43,6 +43,7 @@ if __name__ == "__main__" and not __package__:  # `python data_prep/build_indexe
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import os
 import re
@@ -360,14 +361,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.workers < 1:
         ap.error("--workers must be at least 1")
+    if args.shard_sequences < 1:
+        ap.error(f"--shard-sequences {args.shard_sequences}: must be at least 1")
+    if args.tokenizer_threads < 0:
+        ap.error(f"--tokenizer-threads {args.tokenizer_threads}: must be 0 (cores / workers) or more")
     prefix = args.output_prefix
     if not os.path.basename(prefix) or prefix.endswith(("/", os.sep)) or os.path.isdir(prefix):
         # the files would be DIR/.manifest.json (hidden) and DIR/_00000.bin: a corpus nothing can name
         ap.error(f"--output-prefix {prefix!r} names a folder; give FOLDER/NAME, e.g. "
                  f"{os.path.join(prefix, 'corpus')} (writes corpus_00000.bin/.idx ... and corpus.manifest.json)")
     for key in ("chunk_size_mb", "shard_size_mb", "max_line_mb", "max_document_mb"):
-        if getattr(args, key) is not None and getattr(args, key) <= 0:
-            ap.error(f"--{key.replace('_', '-')} must be positive")
+        value = getattr(args, key)
+        if value is not None and not (math.isfinite(value) and value > 0):  # nan passed a plain `<= 0` check
+            ap.error(f"--{key.replace('_', '-')} {value}: must be a positive number of MB")
     return args
 
 

@@ -506,3 +506,14 @@ def test_pool_workers_exit_when_the_parent_is_killed_and_the_run_resumes(en_toke
     assert len(list(Path(f"{prefix}.work").glob("piece_*.json"))) == 2
     assert build([src], en_tokenizer, prefix, *common) == 0
     assert output_files(prefix) == output_files(ref)
+
+
+@pytest.mark.parametrize("option,value", [("--shard-sequences", "0"), ("--tokenizer-threads", "-1"),
+                                          ("--chunk-size-mb", "nan"), ("--shard-size-mb", "inf"),
+                                          ("--max-line-mb", "nan"), ("--max-document-mb", "-1")])
+def test_invalid_numbers_are_refused_naming_the_option(option, value, capsys):
+    """Reviewer (smaller items): --shard-sequences 0 and nan sizes got through (nan <= 0 is False) and failed later
+    or wrote nonsense; now each is refused at parse time, naming the option and the value."""
+    with pytest.raises(SystemExit) as err:
+        build_indexed.parse_args(["--input", "x.txt", "--tokenizer", "t", "--output-prefix", "o/c", option, value])
+    assert err.value.code == 2 and f"{option} {value}" in capsys.readouterr().err

@@ -396,3 +396,14 @@ def test_corpora_of_different_tokenizers_with_one_vocab_size_are_refused(tmp_pat
             PretrainingDataset(cfg, tok, seed=1, split=split)
         assert str(a) in str(err.value) and str(other) in str(err.value)
         assert "test" in str(err.value) and "f" * 64 in str(err.value)
+
+
+@pytest.mark.parametrize("option,value", [("--workers", "-1"), ("--workers", "0"), ("--memory-gb", "nan"),
+                                          ("--memory-gb", "-2.5"), ("--memory-gb", "inf")])
+def test_build_index_refuses_invalid_numbers(option, value, capsys):
+    """Reviewer (smaller items): `build_index --workers -1` and `--memory-gb nan` were accepted."""
+    from trainer.data import build_index
+
+    with pytest.raises(SystemExit) as exit_:
+        build_index.parse_args(["--config", "tiny_bert", option, value])
+    assert exit_.value.code == 2 and f"{option} {value}: must be" in capsys.readouterr().err

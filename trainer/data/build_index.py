@@ -13,6 +13,7 @@ Exit status: 0 built or already there; 1 error (message names the corpus or file
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -34,6 +35,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="memory the build may hold in flight (default: data.index_memory_gb, 2): caps the threads, "
                         "and a shard too large for it is walked in pieces")
     args, rest = p.parse_known_args(argv)
+    if args.workers is not None and args.workers < 1:
+        p.error(f"--workers {args.workers}: must be at least 1 (leave it out for the default)")
+    if args.memory_gb is not None and not (math.isfinite(args.memory_gb) and args.memory_gb > 0):
+        p.error(f"--memory-gb {args.memory_gb}: must be a positive number of GB")
     if rest:  # the trainer's own options are fine (a launcher passes them unchanged); anything else is a typo
         import contextlib  # noqa: PLC0415
         import io  # noqa: PLC0415
@@ -77,9 +82,6 @@ def main(argv=None) -> int:
         return 2
     data = cfg.data.model_copy(update={"require_prebuilt_index": False})
     workers = args.workers or min(16, os.cpu_count() or 1)
-    if args.memory_gb is not None and args.memory_gb <= 0:
-        print(f"error: --memory-gb {args.memory_gb}: must be positive", file=sys.stderr)
-        return 2
     policy = cache_policy(data, builder=True, workers=workers, hint=command_for(args.config, args.set),
                           memory_gb=args.memory_gb)
     policy.dir.mkdir(parents=True, exist_ok=True)
