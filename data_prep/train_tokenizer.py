@@ -108,7 +108,9 @@ class LineFeed:
         from data_prep import sources  # imported here: the loader module must stay light, this CLI may be heavy
 
         self.skipped: Counter = Counter()
-        self.paths = sources.expand_inputs(specs, skipped=self.skipped)
+        self.first_skipped: dict[str, str] = {}
+        """reason -> where the first one was (file:line and what), printed with the counts as build_indexed does"""
+        self.paths = sources.expand_inputs(specs, skipped=self.skipped, on_skip=self._on_skip)
         self._sources = sources
         self.json_key = json_key
         self.limit_bytes = limit_bytes
@@ -122,6 +124,9 @@ class LineFeed:
         self.lines = 0
         self.documents = 0
         self.truncated = False
+
+    def _on_skip(self, reason: str, where: str) -> None:
+        self.first_skipped.setdefault(reason, where)
 
     def __iter__(self) -> Iterator[str]:
         from tqdm import tqdm
@@ -138,7 +143,8 @@ class LineFeed:
 
     def _read(self, path: str, budget: int | None, bar) -> Iterator[str]:
         used = 0
-        for doc in self._sources.iter_documents(path, json_key=self.json_key, skipped=self.skipped):
+        for doc in self._sources.iter_documents(path, json_key=self.json_key, skipped=self.skipped,
+                                                on_skip=self._on_skip):
             self.documents += 1
             for line in doc.lines:
                 size = len(line.encode("utf-8"))
@@ -389,7 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fingerprint {fingerprint_folder(args.output)[:16]}, special ids "
           + " ".join(f"{kind.specials[r]}={getattr(loaded, r + '_id')}" for r in ROLES))
     if feed.skipped:
-        print("skipped input: " + ", ".join(f"{reason}: {n:,}" for reason, n in sorted(feed.skipped.items())))
+        print("skipped input, by reason (data_prep/sources.py lists them):")
+        for reason, n in sorted(feed.skipped.items()):
+            print(f"  {reason}: {n:,} (first: {feed.first_skipped.get(reason, '?')})")
     if actual < vocab_size:
         print(f"warning: the corpus is too small for --vocab-size {vocab_size:,}: the trainer found only {actual:,} "
               f"tokens; give it more text (or lower --vocab-size to {actual:,} to make this explicit)", file=sys.stderr)

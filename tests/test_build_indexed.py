@@ -517,3 +517,15 @@ def test_invalid_numbers_are_refused_naming_the_option(option, value, capsys):
     with pytest.raises(SystemExit) as err:
         build_indexed.parse_args(["--input", "x.txt", "--tokenizer", "t", "--output-prefix", "o/c", option, value])
     assert err.value.code == 2 and f"{option} {value}" in capsys.readouterr().err
+
+
+def test_train_tokenizer_names_the_first_skipped_line_of_each_reason(tmp_path, capsys):
+    """Reviewer (smaller items): train_tokenizer printed only counts of skipped input ("invalid_utf8: 2"), where
+    build_indexed names the file and line; now each reason's count comes with its first occurrence."""
+    from data_prep import train_tokenizer
+
+    src = tmp_path / "a.txt"
+    src.write_bytes(b"good line about unix\nbad \xff byte\n\n" + b"another good line\n" * 30 + b"more \xfe\n")
+    assert train_tokenizer.main(["--kind", "wordpiece", "--input", str(src), "--output", str(tmp_path / "tok"),
+                                 "--vocab-size", "100", "--quiet"]) == 0
+    assert f"invalid_utf8: 2 (first: {src}:2: invalid UTF-8" in capsys.readouterr().out
