@@ -42,7 +42,6 @@ if __name__ == "__main__" and not __package__:  # `python data_prep/build_indexe
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
-import json
 import math
 import multiprocessing as mp
 import os
@@ -64,7 +63,8 @@ import numpy as np
 from data_prep import manifest as mf
 from data_prep import sources
 from data_prep.prep_work import (Piece, Settings, World, auto_chunk_bytes, finalize, finished_pieces, plan_identity,
-                                 plan_pieces, prepare_workdir, record_name, up_to_date, write_json_atomic)
+                                 plan_pieces, prepare_workdir, record_name, same_unfinished_run, up_to_date,
+                                 write_json_atomic)
 from data_prep.sentences import split_sentences
 
 BATCH_TEXTS = 4096  # texts per encode_batch call: large enough that Rust does the work, small enough for memory
@@ -421,7 +421,7 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
-    if up_to_date(prefix, identity, tokenizer) and not _same_unfinished_run(workdir, identity):
+    if up_to_date(prefix, identity, tokenizer) and not same_unfinished_run(workdir, identity):
         say(f"{mf.manifest_path(prefix)} is up to date with this command; "
             + (f"checking its side-cars for --annotate {args.annotate}" if args.annotate else
                f"nothing to do (inspect it with data_prep/inspect_indexed.py {prefix})"))
@@ -484,16 +484,6 @@ def _annotate(prefix: str, spec: str, workers: int, only_missing: bool) -> None:
     headers = annotate.annotate_corpus(prefix, spec, progress=True, workers=workers, existing=existing)
     print(f"annotated {total - len(existing)} shard(s) with {spec}: {sum(h['spans'] for h in headers):,} spans "
           f"in all {total}")
-
-
-def _same_unfinished_run(workdir: Path, identity: dict) -> bool:
-    """Whether ``workdir`` holds a run of this very command (a finalize stopped after its manifest was written: go
-    on and finish it), as opposed to none or another command's (which an up-to-date corpus leaves alone)."""
-    try:
-        plan = json.loads((workdir / "plan.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return plan == json.loads(json.dumps(identity))
 
 
 def _summary(prefix: str, manifest: dict, seconds: float, processed_bytes: int) -> None:

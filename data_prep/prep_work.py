@@ -253,6 +253,16 @@ def up_to_date(prefix: str, identity: dict, tokenizer) -> bool:
     return True
 
 
+def same_unfinished_run(workdir: Path, identity: dict) -> bool:
+    """Whether ``workdir`` holds a run of this very command (a finalize stopped after its manifest was written: go
+    on and finish it), as opposed to none or another command's (which an up-to-date corpus leaves alone)."""
+    try:
+        plan = json.loads((workdir / "plan.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return plan == json.loads(json.dumps(identity))
+
+
 # ---------------------------------------------------------------------------------------------------- rebuilding
 
 
