@@ -2,11 +2,12 @@
 byte ranges ("pieces") one large file is spread over workers in. What is *in* the files (documents, bad lines) is
 read by data_prep/sources.py, which re-exports everything here; its docstring has the bad-input table.
 
-Inputs: files, directories (recursive, sorted, hidden entries skipped), globs and ``builtin:pydocs`` (the installed
-standard library's ``.py`` files, listed here by ``_pydocs_files``). Names decide the layout: ``.txt``/``.text``,
-``.jsonl``/``.json``/``.ndjson``, optionally compressed ``.gz``, ``.bz2``, ``.zst``/``.zstd`` (decompressed as a
-stream, never whole). A spec that matches nothing, an explicitly named file of another type, or a file that cannot
-be opened raises ``InputError`` naming it.
+Inputs: files, directories (recursive, sorted, hidden entries skipped, symlinked folders followed), globs and
+``builtin:pydocs`` (the installed standard library's ``.py`` files, listed here by ``_pydocs_files``); each file once,
+by its real path; build_indexed's own output files are never inputs (``output_matcher``). Names decide the layout:
+``.txt``/``.text``, ``.jsonl``/``.json``/``.ndjson``, optionally compressed ``.gz``, ``.bz2``, ``.zst``/``.zstd``
+(decompressed as a stream, never whole). A spec that matches nothing, an explicitly named file of another type, or a
+file that cannot be opened raises ``InputError`` naming it.
 
 Pieces: an uncompressed file can be read as byte ranges (``piece_bounds`` + ``sources.iter_documents(start=,
 end=)``) so that one large file spreads over many workers. A range ``[start, end)`` owns the documents whose first
