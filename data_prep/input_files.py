@@ -78,14 +78,17 @@ def _supported(path: str) -> bool:
 
 def output_matcher(prefix: str) -> Callable[[str], bool]:
     """Whether a path is one of build_indexed's own outputs for ``--output-prefix prefix``: ``NAME.manifest.json``
-    (and its temporary), the shards and side-cars ``NAME_00000.*`` beside it, and anything under ``NAME.work/``.
+    (and its temporary), the shards ``NAME_00000.bin/.idx`` and side-cars ``NAME_00000.spans.*`` beside it, and
+    anything under ``NAME.work/``.
 
     An output folder inside an input folder must not feed the next run: the manifest and the work folder's piece
     records are ``.json`` (read as JSON lines), side-cars are ``.spans.json``, and they change while the run goes.
     """
     root = os.path.realpath(os.path.dirname(prefix) or ".")
     name = os.path.basename(prefix)
-    own = re.compile(re.escape(name) + r"(\.manifest\.json(\..*)?|_\d{5}\..*)$")
+    # shards .bin/.idx, side-cars .spans.json/.spans.npy/.spans.ptr.npy and their temporaries; not NAME_00000.jsonl,
+    # which may well be an input beside the output
+    own = re.compile(re.escape(name) + r"(\.manifest\.json(\.tmp)?|_\d{5,}\.(bin|idx|spans\..*))$")
     work = os.path.join(root, name + ".work")
 
     def is_output(path: str) -> bool:

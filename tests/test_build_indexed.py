@@ -332,6 +332,9 @@ def test_output_inside_an_input_folder_is_never_read_as_input(en_tokenizer, tmp_
                                                       "c_00000.spans.json"]
     with pytest.raises(sources.InputError, match="is an output of this command"):
         sources.expand_inputs([f"{prefix}.manifest.json"], output_prefix=str(prefix))
+    # an input named like the output's shards, beside it, is still an input
+    Path(f"{prefix}_00001.jsonl").write_text('{"text": "x"}\n')
+    assert str(prefix) + "_00001.jsonl" in sources.expand_inputs([str(src)], output_prefix=str(prefix))
 
 
 def test_an_aborted_other_command_leaves_the_finished_corpus_usable(en_tokenizer, tmp_path, monkeypatch, capsys):
