@@ -500,12 +500,16 @@ def test_pool_workers_exit_when_the_parent_is_killed_and_the_run_resumes(en_toke
         assert os.waitpid(pid, 0)[1] == signal.SIGTERM
         gone, alive = psutil.wait_procs(workers, timeout=10)
         assert alive == [], "pool workers outlived their parent"
-    finally:
-        for proc in workers:
+    finally:  # whatever failed above, leave no process behind
+        for proc in [psutil.Process(pid), *workers] if psutil.pid_exists(pid) else workers:
             try:
                 proc.kill()
             except psutil.NoSuchProcess:
                 pass
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # already reaped above
+            pass
     assert len(list(Path(f"{prefix}.work").glob("piece_*.json"))) == 2
     assert build([src], en_tokenizer, prefix, *common) == 0
     assert output_files(prefix) == output_files(ref)
