@@ -404,6 +404,5 @@ def test_build_index_refuses_invalid_numbers(option, value, capsys):
     """Reviewer (smaller items): `build_index --workers -1` and `--memory-gb nan` were accepted."""
     from trainer.data import build_index
 
-    with pytest.raises(SystemExit) as exit_:
-        build_index.parse_args(["--config", "tiny_bert", option, value])
-    assert exit_.value.code == 2 and f"{option} {value}: must be" in capsys.readouterr().err
+    assert build_index.main(["--config", "tiny_bert", option, value]) == 2
+    assert f"error: {option} {value}: must be" in capsys.readouterr().err

@@ -35,10 +35,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="memory the build may hold in flight (default: data.index_memory_gb, 2): caps the threads, "
                         "and a shard too large for it is walked in pieces")
     args, rest = p.parse_known_args(argv)
-    if args.workers is not None and args.workers < 1:
-        p.error(f"--workers {args.workers}: must be at least 1 (leave it out for the default)")
-    if args.memory_gb is not None and not (math.isfinite(args.memory_gb) and args.memory_gb > 0):
-        p.error(f"--memory-gb {args.memory_gb}: must be a positive number of GB")
     if rest:  # the trainer's own options are fine (a launcher passes them unchanged); anything else is a typo
         import contextlib  # noqa: PLC0415
         import io  # noqa: PLC0415
@@ -75,6 +71,12 @@ def main(argv=None) -> int:
     from trainer.data.dataset import build_indexes, cache_policy
 
     args = parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        print(f"error: --workers {args.workers}: must be at least 1 (leave it out for the default)", file=sys.stderr)
+        return 2
+    if args.memory_gb is not None and not (math.isfinite(args.memory_gb) and args.memory_gb > 0):  # nan: not <= 0
+        print(f"error: --memory-gb {args.memory_gb}: must be positive", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(args.config, args.set)
     except ConfigError as err:
