@@ -208,8 +208,9 @@ def finalize(prefix: str, workdir: Path, pieces: list[Piece], inputs: list[str],
                            "input_range": [piece["start"], piece["end"]],
                            **{k: s[k] for k in ("documents", "sentences", "tokens", "bin_bytes", "bin_sha256",
                                                 "idx_sha256")}})
-    # Shards numbered past the end from an earlier, larger run of this prefix are ours and stale.
-    pattern = re.compile(re.escape(Path(prefix).name) + r"_(\d{5})\.(bin|idx)$")
+    # Shards numbered past the end from an earlier, larger run of this prefix are ours and stale, and so are their
+    # ERNIE side-cars (a side-car of a shard that is kept stays: the reader checks it against the shard's lengths).
+    pattern = re.compile(re.escape(Path(prefix).name) + r"_(\d{5})\.(bin|idx|spans\.json|spans\.npy|spans\.ptr\.npy)$")
     for path in root.iterdir() if root.exists() else []:
         m = pattern.match(path.name)
         if m and int(m.group(1)) >= len(shards):

@@ -536,3 +536,19 @@ def test_train_tokenizer_names_the_first_skipped_line_of_each_reason(tmp_path, c
     assert train_tokenizer.main(["--kind", "wordpiece", "--input", str(src), "--output", str(tmp_path / "tok"),
                                  "--vocab-size", "100", "--quiet"]) == 0
     assert f"invalid_utf8: 2 (first: {src}:2: invalid UTF-8" in capsys.readouterr().out
+
+
+def test_a_rebuild_into_fewer_shards_removes_the_side_cars_of_the_shards_it_removes(en_tokenizer, tmp_path):
+    """Noticed while fixing reviewer bug 5: a rebuild of an annotated prefix into fewer shards removed the stale
+    shards numbered past the end but left their side-cars (.spans.json/.npy/.ptr.npy) behind, describing shards that
+    no longer exist."""
+    src = small_text(tmp_path / "a.txt", docs=300)
+    gazetteer = tmp_path / "gaz.txt"
+    gazetteer.write_text("unix\n", encoding="utf-8")
+    prefix = tmp_path / "c"
+    assert build([src], en_tokenizer, prefix, "--chunk-size-mb", "0.004", "--annotate", f"gazetteer:{gazetteer}") == 0
+    assert len(mf.read_manifest(prefix)["shards"]) >= 3 and Path(f"{prefix}_00002.spans.ptr.npy").exists()
+    assert build([src], en_tokenizer, prefix, "--chunk-size-mb", "1") == 0
+    assert len(mf.read_manifest(prefix)["shards"]) == 1
+    assert sorted(p.name for p in tmp_path.glob("c_*")) == ["c_00000.bin", "c_00000.idx", "c_00000.spans.json",
+                                                            "c_00000.spans.npy", "c_00000.spans.ptr.npy"]
