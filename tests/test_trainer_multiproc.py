@@ -286,7 +286,9 @@ def test_world_size_2_to_1_to_2_keeps_sample_order(tmp, zero_runs):
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed")
 def test_preemption_signal_saves_and_exits_for_requeue(tmp):
-    """Under mpirun: SIGUSR1 to ONE rank; both agree (all-reduced flag), save at the next step boundary, exit 75."""
+    """Under mpirun: SIGUSR1 to ONE rank; both agree (all-reduced flag), save at the next step boundary, exit 75.
+    Then the same command with train.stop_at_step at the saved step: a successful mpirun launch exits 0 (each rank
+    finalizes the MPI that DeepSpeed's discovery initialised; without it mpirun reports 1)."""
     cfg = make_config(tmp, "preempt", train={"steps": 400}, checkpoint={"every_steps": 0})
     proc = subprocess.Popen(command(cfg, 2, launcher="mpirun"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, cwd=REPO)
@@ -307,6 +309,10 @@ def test_preemption_signal_saves_and_exits_for_requeue(tmp):
     latest = (tmp / "preempt" / "checkpoints" / "latest").read_text()
     assert latest == f"global_step{status['step']}"
     assert (tmp / "preempt" / "checkpoints" / latest / "bertfamily.json").exists()
+    done = subprocess.run(command(cfg, 2, "--set", f"train.stop_at_step={status['step']}", launcher="mpirun"),
+                          capture_output=True, text=True, cwd=REPO, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp / "preempt" / "status.json").read_text())["status"] == "stopped"
 
 
 def test_nan_guard_skips_then_stops_with_a_clear_message(tmp):

@@ -381,7 +381,24 @@ def exit_process(code: int) -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    finalize_mpi(code)
     os._exit(code)
+
+
+def finalize_mpi(code: int) -> None:
+    """``MPI.Finalize()`` when this process initialised MPI (DeepSpeed's discovery under mpirun imports mpi4py):
+    Open MPI's mpirun counts a rank that exits 0 without finalizing as failed ("exited without calling finalize",
+    job status 1), so every completed mpirun run would look failed. Only when mpi4py is already imported (a launch
+    without mpirun never loads it) and not for status 1: that status may be one rank's alone, and Finalize waits for
+    the other ranks (a fence), which may be blocked in a collective; exiting at once lets mpirun end the job."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or code == EXIT_ERROR:
+        return
+    try:
+        if mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.Finalize()
+    except Exception as err:  # noqa: BLE001  (the exit status matters more than a clean MPI teardown)
+        print(f"warning: MPI.Finalize() failed: {err}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
