@@ -191,3 +191,23 @@ def test_ernie_refuses_the_split_at_config_time(toy):
     with pytest.raises(ConfigError, match="valid_split=0.1: the held-out split is not supported by the 'ernie'"):
         load_config("tiny_ernie", [f"data.corpora=[{{prefix: {prefix}}}]", "data.valid_split=0.1", "run_dir=/tmp/x",
                                    "model.vocab_size=1000", "model.pad_token_id=0"])
+
+
+def test_a_split_that_holds_out_nothing_stops_at_start(toy, tmp_path, monkeypatch):
+    """The held-out index is built when the components are (before step 1), not at the first evaluation: a
+    data.valid_split too small to hold out a usable document stops the run before it trains, naming the key."""
+    import data_prep.manifest
+    from trainer.config import load_config
+    from trainer.pretrain import build_components
+
+    prefix, _ = toy
+    assert not _held(IndexedCorpus(prefix), 0.0005).any()
+    tok = SimpleNamespace(**vars(_tokenizer()), path=None)
+    monkeypatch.setattr(data_prep.manifest, "tokenizer_dir", lambda prefix: None)
+    monkeypatch.setattr("data_prep.tokenizer.load_tokenizer", lambda path: tok)
+    cfg = load_config("tiny_roberta", [f"data.corpora=[{{prefix: {prefix}}}]", "data.valid_split=0.0005",
+                                       f"data.cache_dir={tmp_path}", "data.num_workers=0",
+                                       "data.format=full-sentences", "data.max_seq_length=24",
+                                       f"run_dir={tmp_path / 'run'}", "model.vocab_size=1000", "model.pad_token_id=0"])
+    with pytest.raises(ValueError, match=r"data.valid_split=0.0005 holds out no document"):
+        build_components(cfg, 0, 1, "cpu")

@@ -281,8 +281,6 @@ class Trainer:
                                      f"{EXIT_REQUEUE} (requeue and run again with --resume auto)")
                 write_status(cfg.run_dir, self.rank, "preempted", state.step, fence=self.fence)
                 return EXIT_REQUEUE
-            if cfg.train.eval_every and self.comps.eval_batches and state.step % cfg.train.eval_every == 0:
-                self.metrics.log(state.step, self.evaluate(), split="eval")
             if cfg.checkpoint.every_steps and state.step % cfg.checkpoint.every_steps == 0:
                 self.save()
                 last_saved = state.step
@@ -291,6 +289,9 @@ class Trainer:
                     self.downstream.launch(state.step, self.save())  # save() returns at once if already saved
                     last_saved = state.step
                 self.downstream.poll()  # never blocks
+            # after the step's checkpoint: an evaluation that fails (memory, data) does not cost the step's save
+            if cfg.train.eval_every and self.comps.eval_batches and state.step % cfg.train.eval_every == 0:
+                self.metrics.log(state.step, self.evaluate(), split="eval")
             if cfg.train.stop_at_step and state.step >= cfg.train.stop_at_step and state.step < cfg.train.steps:
                 if last_saved != state.step:
                     self.save()

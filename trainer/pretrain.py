@@ -130,26 +130,28 @@ def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) ->
                                              world_size, total_samples=end_samples, split="train")
         return iter(loader)
 
-    valid = []  # the evaluation dataset, built at the first evaluation and kept for the run
+    evaluates = bool(cfg.data.valid_corpora) or cfg.data.valid_split > 0
+    # The evaluation dataset is built here, at start (rank 0 builds a missing held-out index while the others wait,
+    # as for the training index), not at the first evaluation: a split that holds out nothing usable (a too small
+    # data.valid_split) or a broken valid corpus then stops the run before step 1, not after eval_every steps of
+    # training with nothing saved for them.
+    valid = PretrainingDataset(cfg.data, tokenizer, cfg.seed, split="valid") if evaluates else None
 
     def eval_batches():
         # A fixed set: positions [0, eval_batches x G) of the held-out data's shuffled order, split over the ranks as
         # a training step is (eval_batches x accumulation micro-batches each), so the same samples at any world size
         G = cfg.train.global_batch_size
         per_eval = cfg.train.eval_batches * G
-        if not valid:
-            valid.append(PretrainingDataset(cfg.data, tokenizer, cfg.seed, split="valid"))
         collator = Collator(tokenizer.pad_id, cfg.data.max_seq_length, cfg.data.masking.max_predictions_per_seq,
                             cfg.data.pad_to)
         # In this process (no loader workers), as ERNIE's evaluation: a DataLoader built per evaluation forked new
         # workers from a rank whose gloo/NCCL, heartbeat and loader threads were running; in the suite one such
         # fork (of ~160 in a 40-step run evaluating every step) left a rank waiting forever on its evaluation
         # batches while the other waited in the collective after them. An evaluation is a few batches.
-        return build_dataloader(valid[0], collator, 0, G, cfg.train.micro_batch_size, rank, world_size,
+        return build_dataloader(valid, collator, 0, G, cfg.train.micro_batch_size, rank, world_size,
                                 per_eval, 0)
 
     flops = train_flops_per_token(model, cfg.data.max_seq_length, cfg.data.masking.max_predictions_per_seq)
-    evaluates = bool(cfg.data.valid_corpora) or cfg.data.valid_split > 0
     return Components(model=model, loss=objective.loss, train_batches=train_batches,
                       eval_batches=eval_batches if evaluates else None, flops_per_token=flops)
 
