@@ -373,3 +373,27 @@ def test_pretraining_helps_span_tagging_and_choice(topic_pretrained, tmp_path, i
         pre, rnd = figures[task]["false"], figures[task]["true"]
         assert statistics.median(rnd) < chance + 0.15, (task, figures)
         assert statistics.median(pre) - statistics.median(rnd) > margin, (task, figures)
+
+
+def _fake_checkpoint(root: Path, step: int) -> Path:
+    tag = root / "checkpoints" / f"global_step{step}"
+    tag.mkdir(parents=True)
+    (tag / "bertfamily.json").write_text("{}")
+    return tag
+
+
+def test_a_child_that_cannot_start_is_reported_and_pretraining_goes_on(tmp_path):
+    """eval.command_prefix naming no program (a typo: srunn): Popen raised FileNotFoundError out of the loop and
+    killed the pretraining. It is said, recorded with the reason in metrics.jsonl, and its copy removed."""
+    from trainer.finetune.downstream import DownstreamLauncher, EvalConfig
+
+    cfg = EvalConfig(downstream=[{"task": "rte", "data": str(tmp_path / "rte"), "every_steps": 10}],
+                     command_prefix=["srunn-no-such-program", "--overlap"])
+    said = []
+    launcher = DownstreamLauncher(cfg, tmp_path, 0, say=said.append)
+    launcher.launch(10, _fake_checkpoint(tmp_path, 10))
+    launcher.finish()
+    assert not launcher.running and any("failed" in s and "srunn-no-such-program" in s for s in said), said
+    rec = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert rec["split"] == "downstream_failed" and rec["step"] == 10 and "srunn-no-such-program" in rec["error"]
+    assert not (tmp_path / "downstream" / "global_step10" / "rte" / "global_step10").exists()

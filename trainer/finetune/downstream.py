@@ -13,7 +13,8 @@ its own event file in ``RUN_DIR/tensorboard``), and last its result record into 
 "downstream"``, ``step`` = the pretraining step, ``<task>_<metric>`` = the median score; one ``O_APPEND`` write of a
 line, which does not interleave with the trainer's own line writes on a local or Lustre filesystem): a reader that
 sees the record finds everything else done. Rank 0 polls its children once per step (``Popen.poll``: no blocking) and
-prints each finished score or names the log of a failed one. At most ``max_running`` children per task run at once;
+prints each finished score or names the log of a failed one; a failed child, or one that cannot be started (a wrong
+``command_prefix``), is said and recorded (``"split": "downstream_failed"`` with the reason) and pretraining goes on. At most ``max_running`` children per task run at once;
 later due steps queue (their copies made at once) and start as earlier ones finish; whatever is queued when
 pretraining ends is started then.
 
@@ -133,10 +134,13 @@ class DownstreamLauncher:
             cmd += ["--set", s]
         for s in t.sweep:
             cmd += ["--sweep", s]
-        log = open(out / "finetune.log", "w")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(self.cfg.env),
-                                start_new_session=True, cwd=os.getcwd())
-        log.close()  # the child holds its own descriptor
+        try:
+            with open(out / "finetune.log", "w") as log:  # the child holds its own descriptor
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(self.cfg.env),
+                                        start_new_session=True, cwd=os.getcwd())
+        except OSError as err:  # a wrong eval.command_prefix (no such program), a full disk: reported, never fatal
+            self._failed(t, step, f"could not start {cmd[0]!r}: {err}", copy)
+            return
         self.running.append((t, step, proc, out))
         self.say(f"downstream: fine-tuning {t.task} on the step-{step} checkpoint (pid {proc.pid}, log "
                  f"{out / 'finetune.log'})")
@@ -153,8 +157,7 @@ class DownstreamLauncher:
                 score = _read_score(out / "finetune" / _task_dir(t.task) / "results.json")
                 self.say(f"downstream: {t.task} at step {step}: {score}")
             else:
-                self.say(f"downstream: fine-tuning {t.task} at step {step} failed (exit {code}); see "
-                         f"{out / 'finetune.log'}")
+                self._failed(t, step, f"exit {code}; see {out / 'finetune.log'}")
         self.running = still
         waiting = []
         for t, step, copy in self.queued:
@@ -163,6 +166,18 @@ class DownstreamLauncher:
             else:
                 waiting.append((t, step, copy))
         self.queued = waiting
+
+    def _failed(self, t: DownstreamTask, step: int, reason: str, copy: Path | None = None) -> None:
+        """Say that a fine-tuning failed and why, and append a ``"split": "downstream_failed"`` record with the reason
+        to metrics.jsonl (``report``'s one O_APPEND write); a copy no child will read is removed."""
+        if copy is not None:
+            shutil.rmtree(copy, ignore_errors=True)
+        self.say(f"downstream: fine-tuning {t.task} at step {step} failed ({reason}); pretraining continues")
+        rec = {"step": step, "split": "downstream_failed", "task": t.task, "error": reason}
+        try:
+            _append_record(self.run_dir, rec)
+        except OSError as err:
+            self.say(f"downstream: could not record that failure in {self.run_dir / 'metrics.jsonl'}: {err}")
 
     def finish(self) -> None:
         """End of pretraining: start what is still queued; never wait for children."""
@@ -218,9 +233,14 @@ def report(run_dir: str | Path, summary: dict) -> dict:
             if isinstance(value, float):
                 writer.add_scalar(f"downstream/{key}", value, rec["step"])
         writer.close()
-    fd = os.open(run_dir / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    _append_record(run_dir, rec)
+    return rec
+
+
+def _append_record(run_dir: Path, rec: dict) -> None:
+    """One line appended to ``run_dir/metrics.jsonl`` in one O_APPEND write (no interleaving with other writers)."""
+    fd = os.open(Path(run_dir) / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (json.dumps(rec) + "\n").encode())
     finally:
         os.close(fd)
-    return rec
