@@ -71,7 +71,12 @@ def test_measured_peak_uses_the_requested_dtype(monkeypatch):
 
 # ------------------------------------------------------------------------------------------ attention kernels
 def test_varlen_kernel_choice_depends_on_device_and_dtype(monkeypatch):
+    """(torch.cuda.get_device_capability is faked: this proves our choice, not flash-attn's own check.)"""
+    capability = {0: (9, 0), 1: (7, 0)}  # an H100, and a V100 in the same venv
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability[index or 0])
+    kernels._flash_capable.cache_clear()
     monkeypatch.setattr(kernels, "_flash_attn", lambda: (lambda *a, **k: None))  # flash-attn "installed"
+    assert choose_varlen_method(torch.device("cuda", 1), torch.float16) == "nested"  # flash-attn 2 needs sm80+
     assert choose_varlen_method(torch.device("cuda", 0), torch.bfloat16) == "flash"
     assert choose_varlen_method(torch.device("cuda", 0), torch.float16) == "flash"
     assert choose_varlen_method(torch.device("cuda", 0), torch.float32) == "nested"  # flash has no fp32 kernel

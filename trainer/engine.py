@@ -398,11 +398,20 @@ class Engine:
         if changed:
             print0(f"resume: optimizer settings from this run's config, not the checkpoint's: {'; '.join(changed)}")
         untie_state_tensors(self.client_optimizer)
+        place_step_tensors(self.client_optimizer)
         if isinstance(self.client_optimizer, Lamb) and self.zero_stage > 0:
             # bound again to what the load left: its exclusions are the restored ones (DeepSpeed 0.19.8 keeps the
             # fp32 partition tensors; a version that replaced them would otherwise stop at the first step)
             zero_lamb.bind_zero_layout(self.engine)
         return client_state or {}
+
+    def close(self) -> None:
+        """Free the engine's memory now. DeepSpeed's ZeRO optimizers hold their engine through gradient hooks, a
+        reference cycle that ``del`` and even ``gc.collect()`` leave alive (measured on CPU for zero1.json, zero2.json
+        and zero2_bf16.json); a fine-tuning sweep of 10 runs in one process kept every run's weights, gradients and
+        optimizer state on the GPU. ``DeepSpeedEngine.destroy`` breaks the cycle."""
+        self.engine.destroy()
+        self.engine = self.optimizer = self.scheduler = self.client_optimizer = None
 
 
 # Set by the learning-rate schedule after a load (``WarmupDecayLR.sync_lr``), not taken from the config here.
@@ -451,6 +460,28 @@ def untie_state_tensors(optimizer: torch.optim.Optimizer) -> int:
                 else:
                     seen.add(id(value))
     return untied
+
+
+def place_step_tensors(optimizer: torch.optim.Optimizer) -> int:
+    """Move each ``step`` tensor of a fused (or capturable) torch optimizer to its parameter's device; returns how many
+    moved.
+
+    torch's own ``load_state_dict`` does this for fused optimizers, but DeepSpeed's universal load assigns the
+    converter's CPU ``step`` tensor directly (``base_optimizer.py``, ``bf16_optimizer.py``, ZeRO 1-3), and
+    ``AdamW(fused=True)`` (the adamw recipes' optimizer on a GPU without a prebuilt FusedAdam) then stops at the
+    first step after a resume on another world size: "Expected all tensors to be on the same device ... cuda:0 and
+    cpu ... state_steps" (pytorch#111123)."""
+    moved = 0
+    for group in optimizer.param_groups:
+        if not (group.get("fused") or group.get("capturable")):
+            continue
+        for param in group["params"]:
+            state = optimizer.state.get(param) or {}
+            step = state.get("step")
+            if torch.is_tensor(step) and step.device != param.device:
+                state["step"] = step.to(param.device, torch.float32)
+                moved += 1
+    return moved
 
 
 def convert_to_universal(tag_dir: Path, out_dir: Path) -> None:

@@ -133,7 +133,9 @@ def sample_stream(n: int, steps: int, global_batch: int, seed: int) -> np.ndarra
 def resolved_precision(cfg, device: str) -> str:
     if cfg.deepspeed.precision != "auto":
         return cfg.deepspeed.precision
-    return "bf16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "fp32"
+    # bf16 where the GPU has bf16 units (sm80+); torch's default also says yes for V100's emulation, several times
+    # slower than fp32 there
+    return "bf16" if device.startswith("cuda") and torch.cuda.is_bf16_supported(including_emulation=False) else "fp32"
 
 
 @torch.no_grad()
@@ -219,6 +221,7 @@ def run_one(cfg, source, spec: TaskSpec, train: Encoded, devs: dict[str, Encoded
                          "tokenizer_dir", None), getattr(kind, "labels", None) or None,
                          cfg.train.classifier_dropout)
     tail = losses[-max(1, len(losses) // 10):]
+    engine.close()  # a sweep runs many in one process: each run's memory is freed before the next (Engine.close)
     del engine, optimizer, model
     return {"metrics": scores, "train_loss_last": float(np.mean(tail)), "train_loss_first": losses[0],
             "train_losses": losses,

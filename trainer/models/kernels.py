@@ -136,11 +136,20 @@ def _flash_attn():
     return flash_attn_varlen_qkvpacked_func
 
 
+@functools.cache
+def _flash_capable(index: int | None) -> bool:
+    """flash-attn 2 runs on Ampere (sm80) and newer only: it stops with "FlashAttention only supports Ampere GPUs or
+    newer" on a V100 or T4 (the fp16 recipes' GPUs), e.g. where one venv serves A100 and V100 nodes."""
+    return torch.cuda.get_device_capability(index)[0] >= 8
+
+
 def choose_varlen_method(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> str:
-    """flash-attn for fp16/bf16 on a GPU when installed (it has no fp32 kernel), else nested tensors on a GPU, else
-    the padded fallback (CPU)."""
-    if torch.device(device).type == "cuda":
-        return "flash" if dtype in FLASH_DTYPES and _flash_attn() is not None else "nested"
+    """flash-attn for fp16/bf16 on an sm80+ GPU when installed (it has no fp32 kernel), else nested tensors on a
+    GPU, else the padded fallback (CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        flash = dtype in FLASH_DTYPES and _flash_attn() is not None and _flash_capable(device.index)
+        return "flash" if flash else "nested"
     return "padded"
 
 
