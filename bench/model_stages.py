@@ -27,6 +27,7 @@ Each stage first checks ``--deadline`` (Unix seconds; gpu.sh sets start + 8 minu
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -113,7 +114,9 @@ def build_model(preset: str, dev, compile: str = "off"):
     from trainer.models.presets import PRESET_ROWS
 
     row = PRESET_ROWS[preset]
-    cfg = row.config.replace(compile=compile)
+    # unpad as every GPU recipe sets it (model.unpad: true): short and packed rows take the varlen path there; the
+    # presets' default (False) would measure the dense masked path, which no recipe runs
+    cfg = row.config.replace(compile=compile, unpad=True)
     torch.manual_seed(0)
     if "electra" in preset:
         return ElectraPretrainingModel(cfg).to(dev).train()
@@ -252,6 +255,7 @@ class Stages:
                    "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if self.dev.type == "cuda" else None,
                    "loss": float(loss.detach())})
         del model, opt
+        gc.collect()  # a compiled model is a reference cycle (its layers hold their compiled forward): free it now
         if self.dev.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -334,6 +338,8 @@ class Stages:
             except Exception as err:  # one broken stage must not cost the others on an unattended first run
                 failures += 1
                 self.emit({"stage": fn.__name__, "args": list(args), "failed": f"{type(err).__name__}: {err}"[:2000]})
+                del err
+                gc.collect()  # (the failed stage's model, e.g. after an out-of-memory error)
                 if self.dev.type == "cuda":
                     torch.cuda.empty_cache()
         return failures

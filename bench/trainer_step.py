@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import gc
 import os
 import sys
 import time
@@ -187,8 +188,10 @@ def main(argv=None) -> int:
     print(f"  model step (autocast bf16, AdamW fused): {reference * 1e3:8.1f} ms/step  "
           f"MFU {flops / reference / peak:6.1%}  loss {last['loss'].item():.3f}", flush=True)
     del model, opt
+    gc.collect()
     if cuda:
         torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()  # each configuration's peak is its own, the first one's included
 
     # (b) the trainer's step: DeepSpeed engine + Trainer.train_step at ZeRO-1 (the recipes' default) and ZeRO-2,
     # accumulation 1 and 4 (time per micro-batch compared with the model step's), AdamW and LAMB
@@ -228,7 +231,9 @@ def main(argv=None) -> int:
                           "ms_per_micro_batch": dt * 1e3, "mfu": flops / dt / peak,
                           "trainer_over_model": dt / reference, "syncs_per_step": syncs,
                           "loss": result["r"].loss, "peak_mem_gib": None if not cuda else mem})
+        engine.close()  # DeepSpeed's ZeRO engines are a reference cycle that del alone never frees (Engine.close)
         del engine, trainer, model, optimizer
+        gc.collect()
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
