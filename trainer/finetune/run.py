@@ -193,18 +193,19 @@ def run_one(cfg, source, spec: TaskSpec, train: Encoded, devs: dict[str, Encoded
     engine = ds.Engine(model, optimizer, scheduler, ds_config)
     seed_everything(seed + 1 + rank)  # each rank its own dropout stream
     stream = sample_stream(kind.size(train), steps, G, seed)
-    losses = []
+    losses = []  # on the device: reading each loss back would wait for the GPU at every micro-batch
     for step in range(steps):
-        total = 0.0
+        total = None
         for k in range(grad_accum):
             lo = (k * world + rank) * micro
             batch = kind.collate(train, stream[step, lo:lo + micro].tolist(), pad_id)
             loss = engine(kind.loss, {key: v.to(engine.device) for key, v in batch.items()})
             engine.backward(loss)
             engine.step()
-            total += float(loss.detach())
+            part = loss.detach().double()
+            total = part if total is None else total + part
         losses.append(total / grad_accum)
-    per_step = torch.tensor(losses, dtype=torch.float64)
+    per_step = torch.stack(losses).cpu()  # one copy for the whole run
     import torch.distributed as dist
     if dist.is_initialized() and world > 1:  # once per run: the mean over every rank's micro-batches of each step
         per_step = per_step.to(engine.device)
