@@ -397,3 +397,50 @@ def test_a_child_that_cannot_start_is_reported_and_pretraining_goes_on(tmp_path)
     rec = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert rec["split"] == "downstream_failed" and rec["step"] == 10 and "srunn-no-such-program" in rec["error"]
     assert not (tmp_path / "downstream" / "global_step10" / "rte" / "global_step10").exists()
+
+
+def _fake_children(tmp_path: Path, max_running: int):
+    """A launcher whose children are `sh` recording start and end of each fine-tuning (no interpreter start)."""
+    from trainer.finetune.downstream import DownstreamLauncher, EvalConfig
+
+    log = tmp_path / "children.log"
+    child = f'echo "start $*" >> {log}; sleep 0.4; echo "end $*" >> {log}'
+    cfg = EvalConfig(downstream=[{"task": "rte", "data": str(tmp_path / "rte"), "every_steps": 10}],
+                     max_running=max_running, command_prefix=["sh", "-c", child, "child"])
+    said = []
+    return (lambda: DownstreamLauncher(cfg, tmp_path, 0, say=said.append)), log, said
+
+
+def _events(log: Path, count: int) -> list[tuple[str, int]]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if len(lines) >= count:
+            break
+        time.sleep(0.1)
+    return [(line.split()[0], int(line.split("--report-step ")[1].split()[0])) for line in lines]
+
+
+def test_queued_fine_tunings_outlive_a_stopped_launch_and_keep_max_running(tmp_path, monkeypatch):
+    """Issue: a launch ended by train.stop_at_step or preemption dropped its queue (in memory only) and left the
+    copies behind; at the end of a run finish() started every queued child at once, ignoring eval.max_running. The
+    queue is kept in RUN_DIR/downstream/queue.json and started by the next launch; finish() runs the rest one
+    after another per slot, after the slot's running child."""
+    monkeypatch.setattr("trainer.finetune.downstream.CHAIN_POLL_S", 0.1)
+    new_launcher, log, said = _fake_children(tmp_path, max_running=1)
+    first = new_launcher()
+    for step in (10, 20):
+        first.launch(step, _fake_checkpoint(tmp_path, step))
+    first.suspend()  # the launch stops (train.stop_at_step): step 20 is not started, but kept and said
+    queue = json.loads((tmp_path / "downstream" / "queue.json").read_text())
+    assert [row["step"] for row in queue] == [20] and any("queue.json" in s for s in said), said
+    second = new_launcher()  # the next launch of the run
+    assert [step for _, step, _ in second.queued] == [20]
+    first.running[0][2].wait()
+    for step in (30, 40):
+        second.launch(step, _fake_checkpoint(tmp_path, step))
+    second.finish()  # 20 running, 30 and 40 queued: one slot, so 30 and 40 start after 20, one at a time
+    assert not (tmp_path / "downstream" / "queue.json").exists()
+    events = _events(log, 8)
+    assert events == [("start", 10), ("end", 10), ("start", 20), ("end", 20), ("start", 30), ("end", 30),
+                      ("start", 40), ("end", 40)], events

@@ -236,6 +236,8 @@ class Trainer:
             self.metrics.message(f"nothing to train: resumed at step {state.step}, train.stop_at_step="
                                  f"{cfg.train.stop_at_step}; raise or unset train.stop_at_step to continue")
             write_status(cfg.run_dir, self.rank, "stopped", state.step, fence=self.fence)
+            if self.downstream is not None:
+                self.downstream.suspend()  # says what waits for the launch that continues the run
             return EXIT_OK
         # Not train.steps x global batch: a resume with another train.global_batch_size (pretrain.py
         # global_batch_change) has consumed another number of samples by its step than that product says.
@@ -276,7 +278,11 @@ class Trainer:
             if result.nonfinite:
                 self._nonfinite(result, in_a_row)  # raises after K in a row
             if result.preempt:  # save first and only: evaluation would eat into the scheduler's grace (KillWait)
-                self.save()
+                saved = self.save()
+                if self.downstream is not None:  # a due step is queued (hard links: quick); the next launch starts it
+                    if self.downstream.due(state.step):
+                        self.downstream.launch(state.step, saved, start=False)
+                    self.downstream.suspend()
                 self.metrics.message(f"preempted at step {state.step}: checkpoint saved; exiting with status "
                                      f"{EXIT_REQUEUE} (requeue and run again with --resume auto)")
                 write_status(cfg.run_dir, self.rank, "preempted", state.step, fence=self.fence)
@@ -296,6 +302,8 @@ class Trainer:
                 if last_saved != state.step:
                     self.save()
                 self.metrics.message(f"stopped at step {state.step} (train.stop_at_step); continue with --resume auto")
+                if self.downstream is not None:
+                    self.downstream.suspend()
                 write_status(cfg.run_dir, self.rank, "stopped", state.step, fence=self.fence)
                 return EXIT_OK
         if cfg.checkpoint.save_at_end and last_saved != state.step:

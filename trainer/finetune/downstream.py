@@ -14,9 +14,13 @@ its own event file in ``RUN_DIR/tensorboard``), and last its result record into 
 line, which does not interleave with the trainer's own line writes on a local or Lustre filesystem): a reader that
 sees the record finds everything else done. Rank 0 polls its children once per step (``Popen.poll``: no blocking) and
 prints each finished score or names the log of a failed one; a failed child, or one that cannot be started (a wrong
-``command_prefix``), is said and recorded (``"split": "downstream_failed"`` with the reason) and pretraining goes on. At most ``max_running`` children per task run at once;
-later due steps queue (their copies made at once) and start as earlier ones finish; whatever is queued when
-pretraining ends is started then.
+``command_prefix``), is said and recorded (``"split": "downstream_failed"`` with the reason) and pretraining goes on.
+At most ``max_running`` children per task run at once; later due steps queue (their copies made at once, the queue
+kept in ``RUN_DIR/downstream/queue.json``) and start as earlier ones finish. When the run completes, what is still
+queued is started in ``max_running`` detached chains per task, each one after the other (and after the child still
+running in its slot). A launch that ends before the run completes (``train.stop_at_step``, preemption: a step due
+at the preemption's checkpoint is queued too) starts nothing more and says what waits; the next launch of the run
+starts the queue.
 
 Where the child runs is ``command_prefix`` (e.g. ``[srun, --overlap, -N1, -n1, --gres=gpu:1]``) and ``env``; by
 default it sees no GPU (``child_env``), so it never lands on rank 0's. This module imports only pydantic and the
@@ -34,6 +38,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+QUEUE_FILE = "queue.json"
+"""``RUN_DIR/downstream/queue.json``: the due fine-tunings not started yet (task, data, step, copy), for the next
+launch when this one ends first."""
+CHAIN_POLL_S = 2.0
+"""How often a chain started by ``finish`` looks whether the child it waits for has ended."""
 # Variables through which a launcher makes a process a rank of its job; the child must start a job of its own.
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
                   "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS",
@@ -104,26 +113,74 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 class DownstreamLauncher:
-    """Rank 0's side: ``due(step)``, ``launch(step, tag_dir)`` after the save, ``poll()`` every step, ``finish()``."""
+    """Rank 0's side: ``due(step)``, ``launch(step, tag_dir)`` after the save, ``poll()`` every step, and at the end
+    of a launch ``finish()`` (the run is complete) or ``suspend()`` (stopped or preempted: the queue waits for the
+    next launch). The queue is kept in ``RUN_DIR/downstream/queue.json`` (``QUEUE_FILE``) whenever it changes, and
+    a new launch of the run starts what it holds as slots free up."""
 
     def __init__(self, cfg: EvalConfig, run_dir: str | Path, rank: int, say=print):
         self.cfg, self.run_dir, self.rank, self.say = cfg, Path(run_dir), rank, say
         self.running: list[tuple[DownstreamTask, int, subprocess.Popen, Path]] = []
         self.queued: list[tuple[DownstreamTask, int, Path]] = []
+        if rank == 0:
+            self._load_queue()
+
+    @property
+    def queue_file(self) -> Path:
+        return self.run_dir / "downstream" / QUEUE_FILE
+
+    def _save_queue(self) -> None:
+        """Write the queue (atomically; removed when empty), so a launch that ends before starting it loses none."""
+        rows = [{"task": t.task, "data": t.data, "step": step, "copy": str(copy)} for t, step, copy in self.queued]
+        if not rows:
+            self.queue_file.unlink(missing_ok=True)
+            return
+        tmp = self.queue_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rows, indent=1))
+        tmp.replace(self.queue_file)
+
+    def _load_queue(self) -> None:
+        """The fine-tunings an earlier launch of this run queued and did not start: queued again (started by the
+        next ``poll``) when ``eval.downstream`` still names the task; otherwise said and their copies removed."""
+        try:
+            rows = json.loads(self.queue_file.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as err:
+            self.say(f"downstream: cannot read {self.queue_file} ({err}); its fine-tunings are not started")
+            return
+        for row in rows:
+            task = next((t for t in self.cfg.downstream if (t.task, t.data) == (row["task"], row["data"])), None)
+            copy = Path(row["copy"])
+            if task is not None and copy.is_dir():
+                self.queued.append((task, int(row["step"]), copy))
+            else:
+                shutil.rmtree(copy, ignore_errors=True)
+                why = "its checkpoint copy is gone" if task is not None else "eval.downstream no longer names it"
+                self.say(f"downstream: dropped the fine-tuning of {row['task']} at step {row['step']} queued by an "
+                         f"earlier launch: {why}")
+        if self.queued:
+            self.say(f"downstream: {len(self.queued)} fine-tuning(s) queued by an earlier launch of this run "
+                     f"({_listing(self.queued)}): started as eval.max_running allows")
+        self._save_queue()
 
     def due(self, step: int) -> bool:
         return any(step % t.every_steps == 0 for t in self.cfg.downstream)
 
-    def launch(self, step: int, tag_dir: Path) -> None:
+    def launch(self, step: int, tag_dir: Path, start: bool = True) -> None:
+        """Copy ``tag_dir`` for every task due at ``step`` and queue it; with ``start``, start what the slots allow
+        (a preempted launch passes False: the queue waits for the next launch)."""
         if self.rank != 0:
             return
         for t in self.cfg.downstream:
             if step % t.every_steps == 0:
                 copy = copy_checkpoint(tag_dir, self.run_dir / "downstream" / tag_dir.name / _slug(t.task))
                 self.queued.append((t, step, copy))
-        self.poll()
+        self._save_queue()
+        if start:
+            self.poll()
 
-    def _start(self, t: DownstreamTask, step: int, copy: Path) -> None:
+    def _command(self, t: DownstreamTask, step: int, copy: Path) -> list[str]:
         out = copy.parent
         cmd = [*self.cfg.command_prefix, sys.executable, "-m", "trainer.finetune", "--checkpoint", str(copy),
                "--task", t.task, "--data", t.data, "--seeds", str(t.seeds), "--set", f"run_dir={out}",
@@ -134,6 +191,11 @@ class DownstreamLauncher:
             cmd += ["--set", s]
         for s in t.sweep:
             cmd += ["--sweep", s]
+        return cmd
+
+    def _start(self, t: DownstreamTask, step: int, copy: Path) -> None:
+        out = copy.parent
+        cmd = self._command(t, step, copy)
         try:
             with open(out / "finetune.log", "w") as log:  # the child holds its own descriptor
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(self.cfg.env),
@@ -165,7 +227,9 @@ class DownstreamLauncher:
                 self._start(t, step, copy)
             else:
                 waiting.append((t, step, copy))
-        self.queued = waiting
+        if len(waiting) != len(self.queued):
+            self.queued = waiting
+            self._save_queue()
 
     def _failed(self, t: DownstreamTask, step: int, reason: str, copy: Path | None = None) -> None:
         """Say that a fine-tuning failed and why, and append a ``"split": "downstream_failed"`` record with the reason
@@ -180,13 +244,61 @@ class DownstreamLauncher:
             self.say(f"downstream: could not record that failure in {self.run_dir / 'metrics.jsonl'}: {err}")
 
     def finish(self) -> None:
-        """End of pretraining: start what is still queued; never wait for children."""
+        """End of the pretraining: start what is still queued, never waiting for children and keeping
+        ``max_running`` per task. The queue is split into ``max_running`` chains per task, each one detached shell
+        that first waits for a child still running in its slot and then runs its fine-tunings one after another."""
         if self.rank != 0:
             return
         self.poll()
-        for t, step, copy in self.queued:
-            self._start(t, step, copy)
+        for t in self.cfg.downstream:
+            mine = [(step, copy) for task, step, copy in self.queued if task is t]
+            if not mine:
+                continue
+            busy = [proc.pid for task, _, proc, _ in self.running if task is t]
+            slots = max(1, self.cfg.max_running)
+            for k in range(slots):
+                chain = mine[k::slots]
+                if chain:
+                    self._start_chain(t, chain, busy[k] if k < len(busy) else None)
         self.queued = []
+        self._save_queue()
+
+    def suspend(self) -> None:
+        """The launch ends before the run is complete (train.stop_at_step, preemption): what is queued stays in
+        ``queue.json`` for the next launch of the run, which starts it; said, with the steps."""
+        if self.rank != 0:
+            return
+        self.poll()
+        if self.queued:
+            self._save_queue()
+            self.say(f"downstream: {len(self.queued)} fine-tuning(s) not started ({_listing(self.queued)}) wait in "
+                     f"{self.queue_file}; the next launch of this run (--resume auto) starts them")
+
+    def _start_chain(self, t: DownstreamTask, chain: list[tuple[int, Path]], wait_pid: int | None) -> None:
+        import shlex  # noqa: PLC0415
+
+        # wait for the slot's running child: until its /proc entry is gone or a zombie (kill -0 succeeds on a
+        # zombie, which stays one where the container's PID 1 does not reap orphans)
+        lines = [f"while st=$(sed -n 's/.*) \\(.\\) .*/\\1/p' /proc/{wait_pid}/stat 2>/dev/null) && [ -n \"$st\" ] && "
+                 f"[ \"$st\" != Z ]; do sleep {CHAIN_POLL_S}; done"] if wait_pid else []
+        for step, copy in chain:
+            cmd = self._command(t, step, copy)
+            lines.append(f"{shlex.join(cmd)} > {shlex.quote(str(copy.parent / 'finetune.log'))} 2>&1")
+        try:
+            proc = subprocess.Popen(["/bin/sh", "-c", "\n".join(lines)], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(self.cfg.env),
+                                    start_new_session=True, cwd=os.getcwd())
+        except OSError as err:
+            for step, copy in chain:
+                self._failed(t, step, f"could not start /bin/sh: {err}", copy)
+            return
+        self.say(f"downstream: fine-tuning {t.task} on the checkpoints of steps {[s for s, _ in chain]} one after "
+                 f"another{' after pid ' + str(wait_pid) if wait_pid else ''} (pid {proc.pid}; logs "
+                 f"{chain[0][1].parent / 'finetune.log'} ...)")
+
+
+def _listing(queued: list) -> str:
+    return ", ".join(f"{t.task} at step {step}" for t, step, _ in queued)
 
 
 def _slug(task: str) -> str:
