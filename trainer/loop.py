@@ -119,6 +119,11 @@ class Trainer:
     """Rank 0's lock of the run folder (``trainer.run_lock``); None on the other ranks."""
     run_id: str = ""
     """This run's lineage id (``checkpoint.begin_lineage``), stored in every checkpoint it saves."""
+    last_checkpoint: Path | None = None
+    """The newest checkpoint of this run: the one resumed from, then each one saved. No checkpoint is saved while a
+    NaN/Inf streak is open, so this is the one to go back to when the guard stops the run."""
+    nonfinite_streak: int = 0
+    """Steps in a row (up to the current one) whose loss or gradient was NaN/Inf and that were skipped."""
 
     # --- one step -----------------------------------------------------------------------------------------------
 
@@ -212,9 +217,24 @@ class Trainer:
         return self.run_lock.check if self.run_lock is not None else None
 
     def save(self) -> Path:
-        return checkpoint.save(self.engine, checkpoint_dir(self.cfg), self.state, self.cfg.model_dump(mode="json"),
+        """Save this step's checkpoint (returns at once if it exists). Callers check ``may_save`` first."""
+        self.last_checkpoint = checkpoint.save(self.engine, checkpoint_dir(self.cfg), self.state, self.cfg.model_dump(mode="json"),
                                self.rank, self.world_size, self.cfg.checkpoint.keep_last, run_id=self.run_id,
                                fence=self.fence)
+        return self.last_checkpoint
+
+    def may_save(self, why: str) -> bool:
+        """False, and said, while a NaN/Inf streak is open: a checkpoint of a step whose update was skipped may hold
+        weights already spoiled (or be the first of the streak that stops the run), and keep-last pruning would drop
+        the good ones for it. The step of the streak's end saves at its next due step."""
+        if not self.nonfinite_streak:
+            return True
+        self.metrics.message(f"step {self.state.step}: {why} not saved: the last {self.nonfinite_streak} step(s) "
+                             f"had a NaN/Inf loss or gradient (the newest checkpoint stays {self._last_name()})")
+        return False
+
+    def _last_name(self) -> str:
+        return str(self.last_checkpoint) if self.last_checkpoint is not None else "none: nothing saved yet"
 
     def _nonfinite(self, result: StepResult, in_a_row: int) -> None:
         self.metrics.message(f"step {self.state.step}: non-finite loss or gradient (loss={result.loss}); step "
@@ -226,7 +246,10 @@ class Trainer:
                 f"(train.max_nonfinite_in_a_row={limit}). Losses of the last steps: {self.recent_losses[-limit-3:]}. "
                 "What to try: lower optim.lr or lengthen schedule.warmup_steps; keep optim.grad_clip on (1.0); use "
                 "bf16 rather than fp16; check the data near this step (consumed_samples="
-                f"{self.state.consumed_samples}); resume from the last checkpoint with --resume auto.")
+                f"{self.state.consumed_samples}); " + (
+                    f"resume from the last checkpoint saved before the streak with --resume {self.last_checkpoint} "
+                    "(nothing was saved during it)" if self.last_checkpoint is not None else
+                    "no checkpoint was saved before the streak: start again with --resume none") + ".")
 
     def train(self) -> int:
         cfg, state = self.cfg, self.state
@@ -266,6 +289,7 @@ class Trainer:
             state.consumed_samples += cfg.train.global_batch_size
             self.recent_losses = (self.recent_losses + [result.loss])[-20:]
             in_a_row = in_a_row + 1 if result.nonfinite else 0
+            self.nonfinite_streak = in_a_row
             if result.nonfinite:
                 state.skipped_steps += 1
             window_tokens += result.tokens
@@ -278,20 +302,22 @@ class Trainer:
             if result.nonfinite:
                 self._nonfinite(result, in_a_row)  # raises after K in a row
             if result.preempt:  # save first and only: evaluation would eat into the scheduler's grace (KillWait)
-                saved = self.save()
+                saved = self.save() if self.may_save("preemption checkpoint") else None
                 if self.downstream is not None:  # a due step is queued (hard links: quick); the next launch starts it
-                    if self.downstream.due(state.step):
+                    if saved is not None and self.downstream.due(state.step):
                         self.downstream.launch(state.step, saved, start=False)
                     self.downstream.suspend()
-                self.metrics.message(f"preempted at step {state.step}: checkpoint saved; exiting with status "
+                said = "checkpoint saved" if saved is not None else f"the next launch resumes from {self._last_name()}"
+                self.metrics.message(f"preempted at step {state.step}: {said}; exiting with status "
                                      f"{EXIT_REQUEUE} (requeue and run again with --resume auto)")
                 write_status(cfg.run_dir, self.rank, "preempted", state.step, fence=self.fence)
                 return EXIT_REQUEUE
-            if cfg.checkpoint.every_steps and state.step % cfg.checkpoint.every_steps == 0:
+            if cfg.checkpoint.every_steps and state.step % cfg.checkpoint.every_steps == 0 and \
+                    self.may_save("checkpoint"):
                 self.save()
                 last_saved = state.step
             if self.downstream is not None:
-                if self.downstream.due(state.step):  # fine-tune a copy of this step's checkpoint elsewhere
+                if self.downstream.due(state.step) and self.may_save("checkpoint for downstream fine-tuning"):
                     self.downstream.launch(state.step, self.save())  # save() returns at once if already saved
                     last_saved = state.step
                 self.downstream.poll()  # never blocks
@@ -299,14 +325,14 @@ class Trainer:
             if cfg.train.eval_every and self.comps.eval_batches and state.step % cfg.train.eval_every == 0:
                 self.metrics.log(state.step, self.evaluate(), split="eval")
             if cfg.train.stop_at_step and state.step >= cfg.train.stop_at_step and state.step < cfg.train.steps:
-                if last_saved != state.step:
+                if last_saved != state.step and self.may_save("train.stop_at_step checkpoint"):
                     self.save()
                 self.metrics.message(f"stopped at step {state.step} (train.stop_at_step); continue with --resume auto")
                 if self.downstream is not None:
                     self.downstream.suspend()
                 write_status(cfg.run_dir, self.rank, "stopped", state.step, fence=self.fence)
                 return EXIT_OK
-        if cfg.checkpoint.save_at_end and last_saved != state.step:
+        if cfg.checkpoint.save_at_end and last_saved != state.step and self.may_save("final checkpoint"):
             self.save()
         if self.downstream is not None:
             self.downstream.finish()

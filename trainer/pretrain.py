@@ -322,7 +322,7 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         downstream = DownstreamLauncher(cfg.eval, cfg.run_dir, rank, say=metrics.message)
     trainer = Trainer(cfg=cfg, engine=ds_engine, comps=comps, state=state, rank=rank, world_size=world_size,
                       grad_accum=grad_accum, metrics=metrics, preempt=preempt, peak_flops=peak,
-                      downstream=downstream, run_lock=lock, run_id=run_id)
+                      downstream=downstream, run_lock=lock, run_id=run_id, last_checkpoint=resume_dir)
     try:
         status = trainer.train()
     except NonFiniteLossError as err:
