@@ -251,3 +251,15 @@ def test_adamw_matches_torch_reference_and_skips_nonfinite():
     model.dense.weight.grad[0, 0] = 0.0
     opt.step()
     assert not opt.overflow and not torch.equal(before[1], model.dense.weight)
+
+
+def test_ernie2_train_steps_are_checked_against_the_continual_plan_at_validation():
+    """A train.steps past the plan's end failed after launch, at the first batch; a shorter one dropped the later
+    stages without a word. Longer: ConfigError (exit 2, --check too) naming both; shorter: said at start."""
+    sizes = ["model.vocab_size=1000", "model.pad_token_id=0"]
+    with pytest.raises(ConfigError, match=r"train.steps=2100 but the continual plan .* has 2050 steps"):
+        load_config("tiny_ernie2", [*sizes, "train.steps=2100"])
+    from trainer.config import start_notes
+    assert start_notes(load_config("tiny_ernie2", sizes)) == []
+    note, = start_notes(load_config("tiny_ernie2", [*sizes, "train.steps=200"]))
+    assert "train.steps=200 ends the continual plan (2050 steps) early" in note and "sentence_distance 0 of 1500" in note

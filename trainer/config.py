@@ -336,12 +336,55 @@ def config_from_dict(raw: dict, source: str = "config", world_size: int | None =
         check_data_requirements(cfg.objective, cfg.data)
     except ValueError as err:
         raise ConfigError(f"{source}: objective/data mismatch: {err}") from None
+    problem = continual_plan_problem(cfg)
+    if problem:  # ERNIE 2.0: found after launch (a traceback at the first batch) without this
+        raise ConfigError(f"{source}: {problem}")
     if world_size is not None:
         try:
             validate_batch(cfg, world_size)
         except ConfigError as err:
             raise ConfigError(f"{source}: {err}") from None
     return cfg
+
+
+def continual_plan(cfg: RunConfig):
+    """ERNIE 2.0's ``ContinualPlan`` of ``cfg`` (numpy only, no torch), or None for other objectives."""
+    if cfg.objective.name != "ernie2":
+        return None
+    from trainer.ernie.continual import ContinualPlan  # noqa: PLC0415  (numpy: only for ernie2)
+    from trainer.objectives import options_model  # noqa: PLC0415
+
+    return ContinualPlan(options_model("ernie2").model_validate(cfg.objective.options).continual)
+
+
+def continual_plan_problem(cfg: RunConfig) -> str:
+    """A ``train.steps`` longer than the ERNIE 2.0 continual plan (the plan has no task for the steps after it);
+    "" when it fits. A shorter one is allowed (a short trial run) and said at start (``start_notes``)."""
+    plan = continual_plan(cfg)
+    if plan is None or cfg.train.steps <= plan.total_steps:
+        return ""
+    return (f"train.steps={cfg.train.steps} but the continual plan (objective.options.continual.tasks) has "
+            f"{plan.total_steps} steps: set train.steps: {plan.total_steps}, or raise the tasks' iterations\n"
+            f"{plan.describe()}")
+
+
+def start_notes(cfg: RunConfig) -> list[str]:
+    """What a run says once at start (and ``--check`` prints) about settings that are valid but easy to get wrong
+    unnoticed."""
+    notes = []
+    plan = continual_plan(cfg)
+    if plan is not None and cfg.train.steps < plan.total_steps:
+        cut = [f"{name} {n} of {plan.iterations()[name]}"
+               for name, n in _plan_iterations(plan, cfg.train.steps).items() if n < plan.iterations()[name]]
+        notes.append(f"train.steps={cfg.train.steps} ends the continual plan ({plan.total_steps} steps) early: "
+                     f"stage(s) after step {cfg.train.steps} do not train; iterations trained: {', '.join(cut)}")
+    return notes
+
+
+def _plan_iterations(plan, steps: int) -> dict[str, int]:
+    """Iterations each task of ``plan`` trains in its first ``steps`` steps."""
+    masks = plan.masks[:steps]
+    return {name: int(((masks >> k) & 1).sum()) for k, name in enumerate(plan.names)}
 
 
 def checkpoint_dir(cfg: RunConfig) -> Path:

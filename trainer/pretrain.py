@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script (torchrun trainer/pretrain.py):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.config import (  # noqa: E402
-    ConfigError, RunConfig, batch_plan, ceiling_note, checkpoint_dir, load_config,
+    ConfigError, RunConfig, batch_plan, ceiling_note, checkpoint_dir, load_config, start_notes,
 )
 from trainer.log import print0  # noqa: E402
 from trainer.run_status import EXIT_CONFIG, EXIT_ERROR, EXIT_NONFINITE, EXIT_REQUEUE, write_status  # noqa: E402
@@ -193,6 +193,8 @@ def run(args, cfg: RunConfig) -> int:
     micro, grad_accum = batch_plan(cfg.train, world_size)
     if ceiling_note(cfg.train, world_size):
         print0(ceiling_note(cfg.train, world_size))
+    for line in start_notes(cfg):
+        print0(line)
     # From here on the field holds the micro-batch this world size uses (the loaders, DeepSpeed's config and the
     # objectives' own components all read it); the recipe's ceiling is in the launch's --check output.
     cfg.train.micro_batch_size = micro
@@ -356,6 +358,8 @@ def main(argv=None) -> int:
         note = ceiling_note(cfg.train, world_size)  # the batch was validated for this world size in load_config
         print0(note or f"micro batch {cfg.train.micro_batch_size} x accumulation "
                f"{batch_plan(cfg.train, world_size)[1]} x {world_size} ranks", file=sys.stderr)
+        for line in start_notes(cfg):
+            print0(line, file=sys.stderr)
         return 0
     from trainer.run_lock import RunLockedError  # no torch: only the standard library
 
