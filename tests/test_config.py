@@ -263,3 +263,15 @@ def test_ernie2_train_steps_are_checked_against_the_continual_plan_at_validation
     assert start_notes(load_config("tiny_ernie2", sizes)) == []
     note, = start_notes(load_config("tiny_ernie2", [*sizes, "train.steps=200"]))
     assert "train.steps=200 ends the continual plan (2050 steps) early" in note and "sentence_distance 0 of 1500" in note
+
+
+def test_a_sequence_longer_than_the_position_table_is_refused_at_validation():
+    """data.max_seq_length past model.max_position_embeddings (minus RoBERTa's offset of 2) passed --check and raised
+    IndexError in the embedding at step 1."""
+    sizes = ["model.vocab_size=1000", "model.pad_token_id=1"]
+    load_config("tiny_roberta", [*sizes, "data.max_seq_length=512"])  # 514 rows, positions 2..513
+    with pytest.raises(ConfigError, match=r"data.max_seq_length=513 is longer than model.max_position_embeddings=514 "
+                                          r"minus model.position_offset=2 allows \(512 positions\)"):
+        load_config("tiny_roberta", [*sizes, "data.max_seq_length=513"])
+    with pytest.raises(ConfigError, match=r"data.max_seq_length=600 is longer than model.max_position_embeddings=512 "):
+        load_config("tiny_bert", ["model.vocab_size=1000", "model.pad_token_id=0", "data.max_seq_length=600"])

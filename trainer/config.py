@@ -336,6 +336,9 @@ def config_from_dict(raw: dict, source: str = "config", world_size: int | None =
         check_data_requirements(cfg.objective, cfg.data)
     except ValueError as err:
         raise ConfigError(f"{source}: objective/data mismatch: {err}") from None
+    problem = positions_problem(cfg)
+    if problem:  # else an IndexError in the position embedding at step 1
+        raise ConfigError(f"{source}: {problem}")
     problem = continual_plan_problem(cfg)
     if problem:  # ERNIE 2.0: found after launch (a traceback at the first batch) without this
         raise ConfigError(f"{source}: {problem}")
@@ -345,6 +348,17 @@ def config_from_dict(raw: dict, source: str = "config", world_size: int | None =
         except ConfigError as err:
             raise ConfigError(f"{source}: {err}") from None
     return cfg
+
+
+def positions_problem(cfg: RunConfig) -> str:
+    """A ``data.max_seq_length`` longer than the model's learned position table holds ("" when it fits): position
+    ids run from ``model.position_offset`` to offset + length - 1 (RoBERTa: 2..513 of 514 rows)."""
+    rows, offset = cfg.model.max_position_embeddings, cfg.model.position_offset
+    if cfg.data.max_seq_length <= rows - offset:
+        return ""
+    return (f"data.max_seq_length={cfg.data.max_seq_length} is longer than model.max_position_embeddings={rows}"
+            + (f" minus model.position_offset={offset}" if offset else "") + f" allows ({rows - offset} positions): "
+            f"lower data.max_seq_length or raise model.max_position_embeddings")
 
 
 def continual_plan(cfg: RunConfig):
