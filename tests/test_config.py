@@ -275,3 +275,17 @@ def test_a_sequence_longer_than_the_position_table_is_refused_at_validation():
         load_config("tiny_roberta", [*sizes, "data.max_seq_length=513"])
     with pytest.raises(ConfigError, match=r"data.max_seq_length=600 is longer than model.max_position_embeddings=512 "):
         load_config("tiny_bert", ["model.vocab_size=1000", "model.pad_token_id=0", "data.max_seq_length=600"])
+
+
+def test_a_run_says_when_evaluation_is_off():
+    """The papers' recipes set train.eval_every but no held-out data (it is the user's): such a run never evaluated
+    and said nothing. pretrain prints this note once at start."""
+    from trainer.config import evaluation_note
+
+    cfg = load_config("bert_base", ["model.vocab_size=1000", "model.pad_token_id=0"])
+    assert cfg.train.eval_every == 10000  # the recipe's value stays
+    note = evaluation_note(cfg, evaluates=False)
+    assert note.startswith("evaluation is off: train.eval_every=10000") and "data.valid_split" in note
+    assert evaluation_note(cfg, evaluates=True) == ""
+    ernie = load_config("ernie_base", ["model.vocab_size=1000", "model.pad_token_id=0", "train.eval_every=1000"])
+    assert "data.valid_corpora (ERNIE" in evaluation_note(ernie, evaluates=False)

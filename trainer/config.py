@@ -395,6 +395,21 @@ def start_notes(cfg: RunConfig) -> list[str]:
     return notes
 
 
+def evaluation_note(cfg: RunConfig, evaluates: bool) -> str:
+    """What a run says once at start when ``train.eval_every`` and the evaluation data disagree ("" when they agree):
+    ``evaluates`` is whether the objective's components have held-out batches. The papers' recipes set eval_every
+    but name no held-out data (it is the user's), so without this line they would train without evaluating unsaid."""
+    if cfg.train.eval_every and not evaluates:
+        how = ("data.valid_corpora (ERNIE reads no held-out split of data.corpora)" if
+               cfg.objective.name.startswith("ernie") else
+               "data.valid_split (e.g. 0.005: 0.5 % of the documents of data.corpora held out) or data.valid_corpora")
+        return (f"evaluation is off: train.eval_every={cfg.train.eval_every} but no held-out data is set; to evaluate, "
+                f"set {how}")
+    if evaluates and not cfg.train.eval_every:
+        return "evaluation is off: held-out data is set but train.eval_every is 0; set train.eval_every to evaluate"
+    return ""
+
+
 def _plan_iterations(plan, steps: int) -> dict[str, int]:
     """Iterations each task of ``plan`` trains in its first ``steps`` steps."""
     masks = plan.masks[:steps]

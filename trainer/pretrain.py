@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script (torchrun trainer/pretrain.py):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.config import (  # noqa: E402
-    ConfigError, RunConfig, batch_plan, ceiling_note, checkpoint_dir, load_config, start_notes,
+    ConfigError, RunConfig, batch_plan, ceiling_note, checkpoint_dir, evaluation_note, load_config, start_notes,
 )
 from trainer.log import print0  # noqa: E402
 from trainer.run_status import EXIT_CONFIG, EXIT_ERROR, EXIT_NONFINITE, EXIT_REQUEUE, write_status  # noqa: E402
@@ -275,6 +275,8 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
 
     checkpoint.seed_everything(cfg.seed)  # identical initial weights on every rank
     comps = build_components(cfg, rank, world_size, device)
+    if evaluation_note(cfg, comps.eval_batches is not None):
+        print0(evaluation_note(cfg, comps.eval_batches is not None))
     if resume_dir is None and cfg.checkpoint.init_from:
         weights = checkpoint.init_weights(cfg.checkpoint.init_from, Path(cfg.run_dir), rank,  # consolidated once
                                           vocab_size=cfg.model.vocab_size)
