@@ -341,3 +341,31 @@ def test_nan_guard_skips_then_stops_with_a_clear_message(tmp):
     assert sorted(p.name for p in (tmp / "nan" / "checkpoints").glob("global_step*")) == \
         ["global_step1", "global_step2", "global_step3"]
     assert (tmp / "nan" / "checkpoints" / "latest").read_text() == "global_step3"
+
+
+def test_status_names_the_last_step_of_a_failed_run(tmp):
+    """One process, no launcher: the data fails at step 5. status.json said 'failed' at step -1 whatever the run had
+    done; it names the last completed step (4). While running, it follows the checkpoint saves (trainer.loop
+    Trainer.save; checked without a run in test_a_save_updates_the_running_status)."""
+    cfg = make_config(tmp, "fails", objective={"options": {"fail_at_step": 5}}, train={"steps": 8, "eval_every": 0},
+                      deepspeed={"config": str(REPO / "ds_configs" / "zero0.json")})
+    proc = run(cfg, 1, expect=1)
+    assert "stand-in failure at step 5" in proc.stderr
+    status = json.loads((tmp / "fails" / "status.json").read_text())
+    assert (status["status"], status["step"]) == ("failed", 4), status
+
+
+def test_a_save_updates_the_running_status(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from trainer import checkpoint
+    from trainer.loop import Trainer
+
+    monkeypatch.setattr(checkpoint, "save", lambda *a, **k: tmp_path / "checkpoints" / "global_step6")
+    cfg = SimpleNamespace(run_dir=str(tmp_path), checkpoint=SimpleNamespace(dir=None, keep_last=2),
+                          model_dump=lambda mode: {})
+    fake = SimpleNamespace(cfg=cfg, state=SimpleNamespace(step=6), engine=None, rank=0, world_size=1, run_id="x",
+                           fence=None, last_checkpoint=None)
+    assert Trainer.save(fake) == tmp_path / "checkpoints" / "global_step6"
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert (status["status"], status["step"]) == ("running", 6)

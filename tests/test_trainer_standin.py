@@ -40,6 +40,8 @@ class StandinOptions(BaseModel):
     record_samples: bool = True
     nan_after_step: int | None = None
     """Test hook: make every loss NaN from this training step on (exercises the NaN guard)."""
+    fail_at_step: int | None = None
+    """Test hook: the data raises RuntimeError when step N's first batch is asked for (a run that fails)."""
 
 
 class TinyMLM(torch.nn.Module):
@@ -92,6 +94,8 @@ def build(cfg, rank: int, world_size: int, device: str, options: StandinOptions)
     def train_batches(consumed: int, end: int):
         step = consumed // G
         while True:
+            if options.fail_at_step is not None and step + 1 == options.fail_at_step:
+                raise RuntimeError(f"stand-in failure at step {step + 1} (objective.options.fail_at_step)")
             for k in range(G // (m * world_size)):
                 first = step * G + k * m * world_size + rank * m
                 indices = list(range(first, first + m))

@@ -23,7 +23,7 @@ from trainer import checkpoint
 from trainer.config import RunConfig, checkpoint_dir
 from trainer.metrics import MetricsLogger
 from trainer.run_lock import RunLock, RunLockLostError
-from trainer.run_status import EXIT_OK, EXIT_REQUEUE, write_status
+from trainer.run_status import EXIT_OK, EXIT_REQUEUE, note_step, write_status
 
 if TYPE_CHECKING:  # the engine imports deepspeed; objectives build Components without it
     from trainer.engine import Engine
@@ -218,9 +218,11 @@ class Trainer:
 
     def save(self) -> Path:
         """Save this step's checkpoint (returns at once if it exists). Callers check ``may_save`` first."""
-        self.last_checkpoint = checkpoint.save(self.engine, checkpoint_dir(self.cfg), self.state, self.cfg.model_dump(mode="json"),
-                               self.rank, self.world_size, self.cfg.checkpoint.keep_last, run_id=self.run_id,
-                               fence=self.fence)
+        self.last_checkpoint = checkpoint.save(
+            self.engine, checkpoint_dir(self.cfg), self.state, self.cfg.model_dump(mode="json"), self.rank,
+            self.world_size, self.cfg.checkpoint.keep_last, run_id=self.run_id, fence=self.fence)
+        # status.json follows the run at each save (one small file on rank 0; every step would cost a write per step)
+        write_status(self.cfg.run_dir, self.rank, "running", self.state.step, fence=self.fence)
         return self.last_checkpoint
 
     def may_save(self, why: str) -> bool:
@@ -287,6 +289,7 @@ class Trainer:
                 raise RunLockLostError(message)
             state.step += 1
             state.consumed_samples += cfg.train.global_batch_size
+            note_step(state.step)  # for the status of a failure after this point (pretrain.main)
             self.recent_losses = (self.recent_losses + [result.loss])[-20:]
             in_a_row = in_a_row + 1 if result.nonfinite else 0
             self.nonfinite_streak = in_a_row

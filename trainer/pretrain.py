@@ -36,7 +36,9 @@ from trainer.config import (  # noqa: E402
     ConfigError, RunConfig, batch_plan, ceiling_note, checkpoint_dir, evaluation_note, load_config, start_notes,
 )
 from trainer.log import print0  # noqa: E402
-from trainer.run_status import EXIT_CONFIG, EXIT_ERROR, EXIT_NONFINITE, EXIT_REQUEUE, write_status  # noqa: E402
+from trainer.run_status import (  # noqa: E402
+    EXIT_CONFIG, EXIT_ERROR, EXIT_NONFINITE, EXIT_REQUEUE, last_step, note_step, write_status,
+)
 
 if TYPE_CHECKING:  # imports torch: loaded in run(), after validation
     from trainer.loop import Components
@@ -365,6 +367,7 @@ def main(argv=None) -> int:
         return 0
     from trainer.run_lock import RunLockedError  # no torch: only the standard library
 
+    note_step(-1)  # nothing trained by this run yet (a process may run several: tests/several_runs.py)
     try:
         return run(args, cfg)
     except RunLockedError as err:  # the folder belongs to another launch (or was taken over): write nothing into it
@@ -374,7 +377,7 @@ def main(argv=None) -> int:
         rank = os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
         print(f"rank {rank}: training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         try:
-            write_status(cfg.run_dir, int(rank), "failed", -1, traceback.format_exc(limit=1))
+            write_status(cfg.run_dir, int(rank), "failed", last_step(), traceback.format_exc(limit=1))
         except OSError as err:  # (a full disk): said, not swallowed; the exit status still says failed
             print(f"rank {rank}: could not write {cfg.run_dir}/status.json: {err}", file=sys.stderr, flush=True)
         return EXIT_ERROR

@@ -20,11 +20,31 @@ EXIT_REQUEUE = 75
 75 is EX_TEMPFAIL from sysexits.h ("temporary failure; the user is invited to retry")."""
 
 
+_progress = {"step": -1}  # this process's last completed step (one run at a time per process)
+
+
+def note_step(step: int) -> None:
+    """Record the step this process last completed (the loop calls it every step: a dict store, no I/O), so that a
+    failure's status names it (``last_step``) although the exception left the loop's state behind."""
+    _progress["step"] = step
+
+
+def last_step() -> int:
+    """The last step noted (``note_step``, or any status written by this process); -1 before training state exists."""
+    return _progress["step"]
+
+
 def write_status(run_dir: str | Path, rank: int, status: str, step: int, message: str = "",
                  fence: Callable[[], None] | None = None) -> None:
     """RUN_DIR/status.json: what the last run of this folder did (for job scripts whose launcher masks exit codes).
     Written by rank 0 only, atomically, after ``fence()`` (the run lock's ownership check: it raises when another
-    launch owns the folder now). A failed write raises: callers say so rather than leave a stale status."""
+    launch owns the folder now). A failed write raises: callers say so rather than leave a stale status.
+
+    Statuses: ``running`` (at start, and again at each checkpoint save with its step), ``completed``, ``stopped``,
+    ``preempted``, ``nonfinite``, ``disk_full``, ``failed`` (the last completed step, or -1 when it failed before
+    training state existed)."""
+    if step >= 0:
+        note_step(step)
     if rank != 0:
         return
     if fence is not None:
