@@ -289,3 +289,17 @@ def test_a_run_says_when_evaluation_is_off():
     assert evaluation_note(cfg, evaluates=True) == ""
     ernie = load_config("ernie_base", ["model.vocab_size=1000", "model.pad_token_id=0", "train.eval_every=1000"])
     assert "data.valid_corpora (ERNIE" in evaluation_note(ernie, evaluates=False)
+
+
+def test_a_missing_dlm_valid_path_is_refused_at_validation(tmp_path):
+    """ERNIE 1.0's held-out dialogues: a wrong objective.options.dlm.valid_path trained until the first evaluation
+    and then failed (exit 1) naming objective.dlm.path; now ConfigError (exit 2) naming the right key."""
+    base = ["model.vocab_size=1000", "model.pad_token_id=0", f"data.valid_corpora=[{{prefix: {tmp_path / 'v'}}}]",
+            "train.eval_every=10"]
+    with pytest.raises(ConfigError, match=r"objective.options.dlm.valid_path=.*nope.jsonl: no such file"):
+        load_config("tiny_ernie", [*base, f"objective.options.dlm.valid_path={tmp_path / 'nope.jsonl'}"])
+    (tmp_path / "dev.jsonl").write_text('{"turns": ["a", "b"]}\n')
+    load_config("tiny_ernie", [*base, f"objective.options.dlm.valid_path={tmp_path / 'dev.jsonl'}"])
+    from trainer.ernie.dlm import DialogueFile
+    with pytest.raises(FileNotFoundError, match=r"objective.options.dlm.valid_path"):
+        DialogueFile(tmp_path / "nope.jsonl", None, key="objective.options.dlm.valid_path")

@@ -339,6 +339,9 @@ def config_from_dict(raw: dict, source: str = "config", world_size: int | None =
     problem = positions_problem(cfg)
     if problem:  # else an IndexError in the position embedding at step 1
         raise ConfigError(f"{source}: {problem}")
+    problem = dlm_valid_path_problem(cfg)
+    if problem:  # else found when the evaluation set is built, after launch
+        raise ConfigError(f"{source}: {problem}")
     problem = continual_plan_problem(cfg)
     if problem:  # ERNIE 2.0: found after launch (a traceback at the first batch) without this
         raise ConfigError(f"{source}: {problem}")
@@ -359,6 +362,20 @@ def positions_problem(cfg: RunConfig) -> str:
     return (f"data.max_seq_length={cfg.data.max_seq_length} is longer than model.max_position_embeddings={rows}"
             + (f" minus model.position_offset={offset}" if offset else "") + f" allows ({rows - offset} positions): "
             f"lower data.max_seq_length or raise model.max_position_embeddings")
+
+
+def dlm_valid_path_problem(cfg: RunConfig) -> str:
+    """ERNIE 1.0: ``objective.options.dlm.valid_path`` names no file although evaluation reads it (held-out corpora
+    and ``train.eval_every`` set); "" otherwise. Checked here, unlike the data's other paths (which --check on a
+    login node without the data must accept), because the run would otherwise train until it builds its
+    evaluation set."""
+    if cfg.objective.name != "ernie" or not (cfg.data.valid_corpora and cfg.train.eval_every):
+        return ""
+    path = ((cfg.objective.options or {}).get("dlm") or {}).get("valid_path")
+    if path is None or Path(path).is_file():
+        return ""
+    return (f"objective.options.dlm.valid_path={path}: no such file (held-out dialogues for evaluation); give the "
+            "file, or remove the key to evaluate on MLM batches only")
 
 
 def continual_plan(cfg: RunConfig):

@@ -45,7 +45,8 @@ def build_dataset(cfg, tokenizer, objective, split: str = "train", global_batch:
             make_annotator(dlm.annotate)  # a bad spec fails here, on every rank, before any waiting
         cache = cache_policy(cfg.data)
         dialogues = DialogueFile(path, tokenizer, dlm.annotate, tokenizer.path if dlm.annotate else None,
-                                 cache=cache, workers=cache.workers)
+                                 cache=cache, workers=cache.workers,
+                                 key=f"objective.options.dlm.{'path' if split == 'train' else 'valid_path'}")
     dataset = KnowledgeMaskedDataset(cfg.data, tokenizer, cfg.seed, split, opt.knowledge_masking, G, dialogues,
                                 dlm.every if dialogues else 0, dlm.num_turns if dlm else 3,
                                 dlm.fake_prob if dlm else 0.5)

@@ -115,10 +115,10 @@ class DialogueFile:
     or its spec string (``jieba``, ``gazetteer:FILE``, ...)."""
 
     def __init__(self, path: str | Path, tokenizer, annotator=None, tokenizer_dir: str | Path | None = None,
-                 min_turns: int = 2, cache=None, workers: int = 1):
+                 min_turns: int = 2, cache=None, workers: int = 1, key: str = "objective.options.dlm.path"):
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"dialogue file {path} not found (objective.dlm.path)")
+        if not path.is_file():  # ``key``: the config key that named it, for the message
+            raise FileNotFoundError(f"dialogue file {path} not found ({key})")
         self.path = path
         spec = annotator if isinstance(annotator, str) or annotator is None else annotator.spec
 
