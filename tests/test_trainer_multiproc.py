@@ -330,6 +330,14 @@ def test_nan_guard_skips_then_stops_with_a_clear_message(tmp):
     assert "step 4: checkpoint not saved" in out
     recs = records(tmp / "nan")
     assert [r["skipped"] for r in recs] == [0, 0, 0, 1, 2, 3]
+    # strict JSON (no NaN/Infinity literals): a non-finite value is null; trainer.plot draws the run still
+    def strict(name):
+        raise ValueError(f"{name} in metrics.jsonl")
+    lines = (tmp / "nan" / "metrics.jsonl").read_text().splitlines()
+    train = [r for r in (json.loads(line, parse_constant=strict) for line in lines) if "split" not in r]
+    assert [r["loss"] is None for r in train] == [False] * 3 + [True] * 3
+    from trainer.plot import plot
+    assert all(p.exists() for p in plot(tmp / "nan"))
     assert json.loads((tmp / "nan" / "status.json").read_text())["status"] == "nonfinite"
     import torch
 

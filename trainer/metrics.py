@@ -2,7 +2,8 @@
 
 ``metrics.jsonl`` holds one JSON object per logged step (``step``, ``loss``, ``lr``, ``tokens_per_s`` always; plus
 ``samples_per_s``, ``grad_norm``, ``loss_scale``, ``mfu``, ``skipped`` and each objective's own metrics), and one per
-evaluation with ``"split": "eval"``. ``python -m trainer.plot RUN_DIR`` reads it back.
+evaluation with ``"split": "eval"``; every line is strict JSON (a NaN/Inf value is written as ``null``,
+``json_safe``). ``python -m trainer.plot RUN_DIR`` reads it back.
 
 MFU is model FLOPs per second over the peak: the FLOPs per token are counted for the layers as applied
 (``trainer/flops.py``: ALBERT's shared layer once per application, ELECTRA's generator and discriminator, every head
@@ -14,6 +15,7 @@ as tf32 when torch allows TF32 matmuls), else a large matmul at the training dty
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from pathlib import Path
@@ -138,7 +140,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = {"step": step, **({"split": split} if split != "train" else {}), **record}
-        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
         self.jsonl.flush()
         if self.writer is not None:
             for key, value in record.items():
@@ -159,6 +161,19 @@ class MetricsLogger:
         if self.writer is not None:
             self.writer.close()
         self.jsonl.close()
+
+
+def json_safe(value):
+    """``value`` with every NaN/Inf float replaced by None: JSON has no NaN, and Python's ``NaN``/``Infinity``
+    literals make the line unreadable to strict parsers (jq, JavaScript, pandas' default). A null loss is a
+    non-finite one (the NaN guard's message names it); TensorBoard and the console still get the raw value."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def _fmt(value) -> str:
