@@ -57,6 +57,9 @@ class StepResult:
     """Rank 0's run lock was taken over by another launch (``RunLock.lost``): every rank stops at once."""
     heartbeat_dead: bool = False
     """Rank 0's lock heartbeat failed (``RunLock.trouble``): every rank stops before the lock looks stale."""
+    grad_norm: torch.Tensor | None = None
+    """The gradient norm before clipping, on the device, measured by the loop where DeepSpeed keeps none (ZeRO-0) and
+    only on steps that log (``Trainer._grad_norm``); read on the host by ``_log`` only."""
 
 
 class NonFiniteLossError(RuntimeError):
@@ -127,19 +130,26 @@ class Trainer:
 
     # --- one step -----------------------------------------------------------------------------------------------
 
-    def train_step(self, batches: Iterator[dict]) -> StepResult:
+    def train_step(self, batches: Iterator[dict], logs: bool = False) -> StepResult:
+        """One optimizer step. ``logs``: this step's record will be logged (the gradient norm is measured for it)."""
         start = time.perf_counter()
         device = self.engine.device
         # Sums stay on the device until the one all-reduce below: no host sync per micro-batch.
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         metric_sums: dict[str, torch.Tensor] = {}
         tokens = torch.zeros((), dtype=torch.float64, device=device)
-        for _ in range(self.grad_accum):
+        # DeepSpeed's ZeRO-0 engine keeps no gradient norm (get_global_grad_norm() is None): measure it here, on the
+        # steps that log it only (a few small kernels; the value stays on the device until _log)
+        measure = logs and self.engine.zero_stage == 0
+        grad_norm = None
+        for i in range(self.grad_accum):
             batch = _to_device(next(batches), device)
             mask = batch.get("attention_mask")
             tokens += mask.sum() if mask is not None else batch["input_ids"].numel()
             loss, metrics = self.engine(self.comps.loss, batch)
             self.engine.backward(loss)
+            if measure and i == self.grad_accum - 1:  # the boundary: gradients all-reduced, not yet clipped or applied
+                grad_norm = self._grad_norm()
             self.engine.step()  # DeepSpeed applies the update only at the accumulation boundary
             loss_sum += loss.detach().double()
             for k, v in metrics.items():
@@ -166,7 +176,15 @@ class Trainer:
         skipped = values[-2] > 0 or not math.isfinite(loss)
         return StepResult(loss=loss, metrics=metrics, tokens=int(values[-4]), nonfinite=bool(skipped),
                           preempt=values[-1] > 0, seconds=time.perf_counter() - start, lost_folder=values[-3] == 1,
-                          heartbeat_dead=values[-3] >= 2)
+                          heartbeat_dead=values[-3] >= 2, grad_norm=grad_norm)
+
+    def _grad_norm(self) -> torch.Tensor | None:
+        """L2 norm of the model's gradients (before clipping), as a device tensor: no host sync. At ZeRO-0 every
+        rank holds the whole averaged gradient after the boundary's all-reduce, so no collective is needed."""
+        grads = [p.grad for p in self.comps.model.parameters() if p.grad is not None]
+        if not grads:
+            return None
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double()) for g in grads]))
 
     # --- evaluation ---------------------------------------------------------------------------------------------
 
@@ -273,7 +291,8 @@ class Trainer:
         window_tokens, window_time, window_steps = 0, 0.0, 0
         while state.step < cfg.train.steps:
             lr = self.engine.lr()
-            result = self.train_step(batches)
+            step = state.step + 1
+            result = self.train_step(batches, logs=step % cfg.logging.every_steps == 0 or step == cfg.train.steps)
             if result.lost_folder:  # another launch owns the folder now: write nothing more into it
                 raise RunLockLostError(
                     f"stopping at step {state.step + 1}: another launch took over the run folder {cfg.run_dir} "
@@ -342,11 +361,17 @@ class Trainer:
         write_status(cfg.run_dir, self.rank, "completed", state.step, fence=self.fence)
         return EXIT_OK
 
+    def _logged_grad_norm(self, result: StepResult) -> float | None:
+        norm = self.engine.grad_norm()
+        if norm is None and result.grad_norm is not None:
+            norm = float(result.grad_norm)  # computed before this step's all-reduce and .tolist(): no stall
+        return norm
+
     def _log(self, result: StepResult, lr: float, tokens: int, seconds: float, steps: int) -> None:
         seconds = max(seconds, 1e-9)
         record = {"loss": result.loss, "lr": lr, "tokens_per_s": tokens / seconds,
                   "samples_per_s": steps * self.cfg.train.global_batch_size / seconds,
-                  "grad_norm": self.engine.grad_norm(), "loss_scale": self.engine.loss_scale(),
+                  "grad_norm": self._logged_grad_norm(result), "loss_scale": self.engine.loss_scale(),
                   "consumed_samples": self.state.consumed_samples, "skipped": self.state.skipped_steps}
         if self.comps.flops_per_token and self.peak_flops:
             record["mfu"] = self.comps.flops_per_token * tokens / seconds / (self.peak_flops * self.world_size)
