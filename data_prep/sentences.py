@@ -32,13 +32,16 @@ _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
 # Chinese end: full-width stops or an ellipsis, then closing marks; the cut is after them.
 _ZH_END = r"(?:[。！？]+|…+)[”’」』）》\"']*"
 # English end: ASCII stops, closing marks, whitespace, then a sentence-like start (looked ahead, not consumed).
-# Linear time: a match starts only at the first stop of a run (the lookbehind) and takes the run, the closing marks
-# and the whitespace possessively (``++``, ``*+``: never given back). Giving back could not help (a shorter run is
-# followed by a stop, not by whitespace), but the plain ``+`` tried it, and from every stop of the run: a run of n
-# stops followed by no sentence start cost O(n^2) (16k dots 2.7 s; a 1 MB dotted line hours).
-_EN_END = r"(?<![.!?])[.!?]++[\"'”’)\]]*+(?=\s++[\"'“‘(\[]?[A-Z0-9" + _CJK + r"])"
+# Linear time: a match starts only at the first stop of a run (the lookbehind) and takes the whole run and the closing
+# marks atomically, never giving them back. Giving back could not help (a shorter run is followed by a stop, not by
+# whitespace), but a plain ``+`` tried it, and from every stop of the run: a run of n stops followed by no sentence
+# start cost O(n^2) (16k dots 2.7 s; a 1 MB dotted line hours). Atomic as ``(?=(?P<g>X))(?P=g)`` (a lookahead takes
+# the longest X once, the backreference consumes exactly it) rather than the possessive ``X++``, which needs Python
+# 3.11: on 3.10 (setup.py's floor) ``re`` refuses it ("multiple repeat") and every build_indexed run stopped.
+_EN_END = (r"(?<![.!?])(?=(?P<en_stops>[.!?]+))(?P=en_stops)(?=(?P<en_close>[\"'”’)\]]*))(?P=en_close)"
+           r"(?=\s+[\"'“‘(\[]?[A-Z0-9" + _CJK + r"])")
 # ASCII ! or ? followed directly by a CJK character also ends a sentence (mixed text: "好!下一句"); linear likewise.
-_MIXED_END = r"(?<![!?])[!?]++(?=[" + _CJK + r"])"
+_MIXED_END = r"(?<![!?])(?=(?P<mixed_stops>[!?]+))(?P=mixed_stops)(?=[" + _CJK + r"])"
 _BOUNDARY = re.compile(f"{_ZH_END}|{_EN_END}|{_MIXED_END}")
 _WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.")
 
