@@ -425,14 +425,17 @@ def test_init_from_takes_model_and_hugging_face_folders_and_refuses_another_voca
     export_hf(cfg, model.state_dict(), tmp_path / "hf")
     save_model_folder(model, cfg, tmp_path / "folder")
     for source in ("hf", "folder"):
-        weights = checkpoint.init_weights(tmp_path / source, tmp_path / "run", rank=0, vocab_size=120)
+        weights = checkpoint.init_weights(tmp_path / source, tmp_path / "run", rank=0, vocab_size=(120, 128))
         for key, value in model.state_dict().items():
             got = weights[key][:120] if key.endswith(("word.weight", "decoder.weight", "decoder.bias")) else weights[key]
             want = value[:120] if key.endswith(("word.weight", "decoder.weight", "decoder.bias")) else value
             assert torch.equal(got, want), (source, key)
-        with pytest.raises(ValueError, match=rf"{source}: trained with a vocabulary of 120 tokens, this run's "
-                                             r"model has 300: another tokenizer"):
-            checkpoint.init_weights(tmp_path / source, tmp_path / "run", rank=0, vocab_size=300)
+        # model rows above the tokenizer's (NVIDIA's 30528 for 30522) are padding: accepted above; another
+        # tokenizer, larger or smaller, is refused
+        for corpus, rows in ((300, 300), (100, 100)):
+            with pytest.raises(ValueError, match=rf"{source}: trained with a vocabulary of 120 tokens; this run's "
+                                                 rf"corpus tokenizer has {corpus} and its model {rows} rows"):
+                checkpoint.init_weights(tmp_path / source, tmp_path / "run", rank=0, vocab_size=(corpus, rows))
     with pytest.raises(FileNotFoundError, match=r"not a trainer checkpoint .*not a model folder .*not a Hugging Face"):
         checkpoint.init_weights(tmp_path / "run", tmp_path / "run2", rank=0)
 

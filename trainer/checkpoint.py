@@ -437,12 +437,13 @@ def _wait_for_rank0(done: Path, failed: Path, rank: int, what: str, shown: Path,
 
 
 def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s: float | None = None,
-                 poll_s: float = 2.0, vocab_size: int | None = None) -> dict[str, torch.Tensor]:
+                 poll_s: float = 2.0, vocab_size: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
     """``checkpoint.init_from``'s consolidated fp32 weights, consolidated once per run.
 
     ``init_from`` is a trainer checkpoint (``global_stepN``, or a ``checkpoints`` folder: its newest complete one), our
     model folder (``python -m trainer.export_hf``'s sibling, ``trainer.models.model_folder``) or a local Hugging Face
     folder of the five families (a released model, or an export of ours: ``trainer.models.hf_convert.import_hf``).
+    ``vocab_size`` (the corpus tokenizer's, the model's): the source's vocabulary must lie between them.
 
     Rank 0 runs the consolidation (``load_model_state``: every ZeRO shard of the source checkpoint) and writes one
     file in ``cache_dir``; the other ranks wait for it on the shared filesystem (not in a collective: consolidating a
@@ -463,12 +464,16 @@ def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s
     if rank == 0 and not out.exists():
         try:
             weights, source_vocab = init_source_weights(source)
-            if vocab_size is not None and source_vocab is not None and source_vocab != vocab_size:
-                # (vocabulary rows cannot be fitted across tokenizers: fit_rows would cut or pad real rows)
+            low, high = vocab_size if vocab_size is not None else (None, None)
+            if source_vocab is not None and low is not None and not low <= source_vocab <= high:
+                # Rows cannot be fitted across tokenizers: above the model's vocab_size fit_rows would cut real rows;
+                # below the corpus tokenizer's, the corpus has ids the source never learned. In between (NVIDIA's
+                # 30528 rows for a 30522-token tokenizer) the rows are padding.
                 which = "" if source == Path(init_from) else f" ({source.name})"
                 raise ValueError(f"checkpoint.init_from {init_from}{which}: trained with a vocabulary of "
-                                 f"{source_vocab} tokens, this run's model has {vocab_size}: another tokenizer; "
-                                 "use the source's tokenizer and corpus (or its model.vocab_size)")
+                                 f"{source_vocab} tokens; this run's corpus tokenizer has {low} and its model "
+                                 f"{high} rows (model.vocab_size): another tokenizer; use the source's tokenizer and "
+                                 "corpus")
             tmp = out.with_suffix(".tmp")
             torch.save(weights, tmp)
             os.replace(tmp, out)

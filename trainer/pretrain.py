@@ -48,6 +48,15 @@ def _is_head(key: str) -> bool:
     return key.startswith("heads.") or ".heads." in key
 
 
+def corpus_vocab_size(cfg: RunConfig) -> int:
+    """The vocabulary of the first corpus's tokenizer (its manifest), else model.vocab_size."""
+    from data_prep.manifest import read_manifest
+    try:
+        return int(read_manifest(cfg.data.corpora[0].prefix)["tokenizer"]["vocab_size"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return cfg.model.vocab_size
+
+
 def load_init_weights(model, weights: dict, init_from) -> str:
     """Load ``checkpoint.init_from``'s weights into ``model``; returns the line to print.
 
@@ -281,7 +290,7 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         print0(evaluation_note(cfg, comps.eval_batches is not None))
     if resume_dir is None and cfg.checkpoint.init_from:
         weights = checkpoint.init_weights(cfg.checkpoint.init_from, Path(cfg.run_dir), rank,  # consolidated once
-                                          vocab_size=cfg.model.vocab_size)
+                                          vocab_size=(corpus_vocab_size(cfg), cfg.model.vocab_size))
         from trainer.models.vocab_padding import fit_to_config  # a source saved with other vocabulary padding
         weights = fit_to_config(weights, cfg.model)
         print0(load_init_weights(comps.model, weights, cfg.checkpoint.init_from))
