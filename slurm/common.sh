@@ -302,10 +302,18 @@ bf_checkpoint_root() {
     echo "${dir:-$BF_RUN_DIR/checkpoints}"
 }
 
+# bf_latest_checkpoint: the newest complete checkpoint (a global_stepN folder holding bertfamily.json), as
+# --resume auto chooses it (trainer/checkpoint.py find_latest), else "none". Not what `latest` names: a kill between a
+# save's completion and the move of `latest` leaves it naming the checkpoint before.
 bf_latest_checkpoint() {
-    local root
+    local root best="" best_step=-1 dir step
     root=$(bf_checkpoint_root)
-    if [ -f "$root/latest" ]; then echo "$root/$(cat "$root/latest")"; else echo "none"; fi
+    for dir in "$root"/global_step*; do
+        step=${dir##*/global_step}
+        [[ $step =~ ^[0-9]+$ ]] && [ -f "$dir/bertfamily.json" ] || continue
+        if [ "$step" -gt "$best_step" ]; then best=$dir best_step=$step; fi
+    done
+    echo "${best:-none}"
 }
 
 # bf_check_launch: return 0 if the last bf_train completed; otherwise end the job the way the launch ended.

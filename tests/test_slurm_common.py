@@ -165,3 +165,20 @@ def test_a_stop_signal_that_ends_the_config_check_is_a_stop_not_a_failure(tmp_pa
     assert proc.returncode == 0 and "rc=75" in proc.stdout, proc.stdout + proc.stderr
     assert "invalid" not in proc.stderr and "stopped by SIGTERM" in proc.stdout
     assert not (home / "srun_ran").exists()
+
+
+def test_the_checkpoint_the_jobs_name_is_the_newest_complete_one_not_what_latest_says(tmp_path):
+    """bert_base.sh starts phase 2 from bf_latest_checkpoint, and the job log names it after every launch: it read
+    `latest`, which a kill between a save's completion and the move of `latest` leaves naming the checkpoint before
+    (while --resume auto takes the newest complete one). An incomplete folder (no bertfamily.json) is never named."""
+    root = tmp_path / "run" / "checkpoints"
+    for step, complete in ((4, True), (8, True), (12, False), (100, False)):
+        (root / f"global_step{step}").mkdir(parents=True)
+        if complete:
+            (root / f"global_step{step}" / "bertfamily.json").write_text("{}")
+    (root / "latest").write_text("global_step4")
+    (root / "abandoned-20261205T000000-x" / "global_step20").mkdir(parents=True)
+    proc = common(tmp_path, f'BF_RUN_DIR="{tmp_path / "run"}"; bf_latest_checkpoint')
+    assert proc.returncode == 0 and proc.stdout.strip() == str(root / "global_step8"), proc.stdout + proc.stderr
+    proc = common(tmp_path, f'BF_RUN_DIR="{tmp_path / "empty"}"; bf_latest_checkpoint')
+    assert proc.stdout.strip() == "none"
