@@ -379,4 +379,7 @@ E.shutdown()
     import fork_server
     proc = fork_server.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"false": True, "true": False}
+    alive = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert alive["true"] is False  # closed: freed
+    # (without close() DeepSpeed 0.19.8 leaks it, alive["false"] is True: measured, not asserted, so a DeepSpeed that
+    # breaks the cycle itself does not fail this test; the close=True case fails on a close() that frees nothing)

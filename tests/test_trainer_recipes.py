@@ -74,9 +74,10 @@ def test_paper_recipe_has_the_papers_hyperparameters(name):
     assert (cfg.data.masking.mask_prob, cfg.data.masking.random_prob) == split
     assert precision(cfg) == "bf16"
     validate_batch(cfg, 1)
-    # gradients accumulated in fp32 are reduced in fp32 (as Megatron-LM does for bf16), not DeepSpeed's default
-    # bf16, which keeps ~3 significant digits of a sum over 64+ ranks (LAMB's trust ratios rescale whole updates)
+    # gradients accumulated in fp32 are reduced in fp32 once per step (ZeRO-1; as Megatron-LM does for bf16), not in
+    # DeepSpeed's default bf16, which keeps ~3 significant digits of a sum over 64+ ranks
     assert read_ds_json(cfg).get("communication_data_type") == "fp32"
+    assert read_ds_json(cfg)["zero_optimization"]["stage"] == 1
     assert read_ds_json(cfg)["data_types"]["grad_accum_dtype"] == "fp32"
 
 
