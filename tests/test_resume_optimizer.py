@@ -91,8 +91,19 @@ def test_sigterm_during_the_universal_conversion_is_a_preemption(tmp_path):
     tag = tmp_path / "run" / "checkpoints" / "global_step4"
     proc = subprocess.Popen(command(cfg, 1), cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    import psutil
+
+    def converter_running() -> bool:
+        # DeepSpeed's converter from its start, not its output folder: the folder appears late in a conversion that
+        # can end within milliseconds of it, which a poll on a loaded machine would miss; the process lives for the
+        # whole conversion (its imports alone take seconds)
+        try:
+            return any("ds_to_universal" in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(True))
+        except psutil.Error:
+            return False
+
     deadline = time.monotonic() + 120
-    while not (tag / ".universal.tmp").exists() and proc.poll() is None and time.monotonic() < deadline:
+    while not converter_running() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert proc.poll() is None, proc.communicate()
     os.killpg(proc.pid, signal.SIGTERM)
