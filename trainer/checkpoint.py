@@ -489,7 +489,10 @@ def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s
     return weights
 
 
-def _folder_kind(path: Path) -> str | None:
+def folder_kind(path: Path) -> str | None:
+    """"model folder" or "hugging face" for such a folder, None for anything else (a trainer checkpoint, a
+    ``checkpoints`` folder, a run folder holding them: checkpoint markers come first). Shared by ``init_from`` and
+    fine-tuning's ``--checkpoint``, so one folder is read the same way by both."""
     from trainer.models.model_folder import is_model_folder
     if not path.is_dir() or is_complete(path) or (path / LATEST).is_file() or any(path.glob("global_step*")):
         return None
@@ -503,7 +506,7 @@ def _folder_kind(path: Path) -> str | None:
 def init_source(init_from: str | Path) -> Path:
     """The folder ``init_from`` names: a model or Hugging Face folder as is, else the checkpoint it resolves to."""
     path = Path(init_from)
-    if _folder_kind(path):
+    if folder_kind(path):
         return path
     try:
         return resolve_checkpoint(path)
@@ -516,7 +519,7 @@ def init_source(init_from: str | Path) -> Path:
 def init_source_weights(source: Path) -> tuple[dict[str, torch.Tensor], int | None]:
     """Our model's state dict from a folder ``init_source`` returned, and the vocabulary size it was trained with
     (None where a checkpoint's config does not say)."""
-    kind = _folder_kind(source)
+    kind = folder_kind(source)
     if kind == "model folder":
         from trainer.models.model_folder import load_model_folder
         cfg, weights = load_model_folder(source)

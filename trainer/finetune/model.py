@@ -77,8 +77,8 @@ def _hf_family(folder: Path) -> str:
 
 
 def load_source(path: str | Path) -> Source:
-    from trainer.checkpoint import LATEST, STATE_FILE, load_model_state
-    from trainer.models.model_folder import is_model_folder, load_model_folder
+    from trainer.checkpoint import LATEST, STATE_FILE, folder_kind, load_model_state
+    from trainer.models.model_folder import load_model_folder
 
     path = Path(path)
     if not path.is_dir():
@@ -87,11 +87,12 @@ def load_source(path: str | Path) -> Source:
     # a tokenizer written by data_prep, or a released model's in any of the layouts transformers reads (tokenizer.json;
     # vocab.txt for WordPiece; vocab.json + merges.txt for byte-level BPE; a SentencePiece model)
     tokenizer_here = path if any((path / name).is_file() for name in HF_TOKENIZER_FILES) else None
-    if is_model_folder(path):
+    kind = folder_kind(path)  # the precedence init_from uses: checkpoint markers, then model folder, then HF
+    if kind == "model folder":
         cfg, state = load_model_folder(path)
         encoder, pooler = _split_state(state)
         return Source(cfg, encoder, pooler, tokenizer_here, "model folder", run_dir=path)
-    if (path / "config.json").is_file():
+    if kind == "hugging face":
         _hf_family(path)
         from trainer.models.hf_convert import import_hf
         cfg, state = import_hf(path)
