@@ -397,6 +397,7 @@ def test_a_child_that_cannot_start_is_reported_and_pretraining_goes_on(tmp_path)
     rec = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert rec["split"] == "downstream_failed" and rec["step"] == 10 and "srunn-no-such-program" in rec["error"]
     assert not (tmp_path / "downstream" / "global_step10" / "rte" / "global_step10").exists()
+    assert "srunn-no-such-program" in (tmp_path / "downstream" / "global_step10" / "rte" / "finetune.log").read_text()
 
 
 def _fake_children(tmp_path: Path, max_running: int):

@@ -201,7 +201,12 @@ class DownstreamLauncher:
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(self.cfg.env),
                                         start_new_session=True, cwd=os.getcwd())
         except OSError as err:  # a wrong eval.command_prefix (no such program), a full disk: reported, never fatal
-            self._failed(t, step, f"could not start {cmd[0]!r}: {err}", copy)
+            reason = f"could not start {cmd[0]!r}: {err}"
+            try:  # the folder says what happened too
+                (out / "finetune.log").write_text(f"{reason}\ncommand: {' '.join(cmd)}\n")
+            except OSError:
+                pass
+            self._failed(t, step, reason, copy)
             return
         self.running.append((t, step, proc, out))
         self.say(f"downstream: fine-tuning {t.task} on the step-{step} checkpoint (pid {proc.pid}, log "
