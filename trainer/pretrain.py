@@ -343,6 +343,8 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
     except NonFiniteLossError as err:
         metrics.message(str(err))
         write_status(cfg.run_dir, rank, "nonfinite", state.step, str(err), fence=fence)
+        if downstream is not None:
+            downstream.suspend()  # what is queued waits (said) for the launch that resumes the run
         status = EXIT_NONFINITE
     except checkpoint.DiskFullError as err:  # every rank raised it, with the same line: no traceback
         print(f"rank {rank}: error: {err}", file=sys.stderr, flush=True)
