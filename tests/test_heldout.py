@@ -139,7 +139,7 @@ def test_the_evaluation_set_is_the_same_at_one_and_two_ranks_and_after_a_resume(
         cfg = load_config("tiny_roberta", [f"data.corpora=[{{prefix: {prefix}}}]", held_out,
                                            f"data.cache_dir={tmp_path}", "data.num_workers=0",
                                            "data.format=full-sentences", "data.max_seq_length=24",
-                                           "train.eval_batches=2", f"run_dir={tmp_path / 'run'}",
+                                           "train.eval_batches=2", "train.eval_every=1", f"run_dir={tmp_path / 'run'}",
                                            "model.vocab_size=1000", "model.pad_token_id=0"])
         cfg.train.micro_batch_size = batch_plan(cfg.train, world_size)[0]  # as pretrain.run sets it
         out = []
@@ -206,8 +206,12 @@ def test_a_split_that_holds_out_nothing_stops_at_start(toy, tmp_path, monkeypatc
     monkeypatch.setattr(data_prep.manifest, "tokenizer_dir", lambda prefix: None)
     monkeypatch.setattr("data_prep.tokenizer.load_tokenizer", lambda path: tok)
     cfg = load_config("tiny_roberta", [f"data.corpora=[{{prefix: {prefix}}}]", "data.valid_split=0.0005",
+                                       "train.eval_every=2",
                                        f"data.cache_dir={tmp_path}", "data.num_workers=0",
                                        "data.format=full-sentences", "data.max_seq_length=24",
                                        f"run_dir={tmp_path / 'run'}", "model.vocab_size=1000", "model.pad_token_id=0"])
     with pytest.raises(ValueError, match=r"data.valid_split=0.0005 holds out no document"):
         build_components(cfg, 0, 1, "cpu")
+    # a run that never evaluates (train.eval_every 0) does not build or read the held-out set: it is not stopped
+    quiet = cfg.model_copy(update={"train": cfg.train.model_copy(update={"eval_every": 0})})
+    assert build_components(quiet, 0, 1, "cpu").eval_batches is None

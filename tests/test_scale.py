@@ -330,7 +330,7 @@ def test_the_evaluation_dataset_is_built_once_per_run(en_prepared, en_tokenizer,
     monkeypatch.setattr(data_prep.manifest, "tokenizer_dir", lambda prefix: en_tokenizer.path)  # fixture: no record
     cfg = load_config("tiny_roberta", [f"data.corpora=[{{prefix: {en_prepared}}}]",
                                        f"data.valid_corpora=[{{prefix: {en_prepared}}}]", f"data.cache_dir={tmp_path}",
-                                       "train.eval_batches=2", f"run_dir={tmp_path / 'run'}",
+                                       "train.eval_batches=2", "train.eval_every=1", f"run_dir={tmp_path / 'run'}",
                                        f"model.vocab_size={en_tokenizer.vocab_size}",
                                        f"model.pad_token_id={en_tokenizer.pad_id}"])
     splits = []

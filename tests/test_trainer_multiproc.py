@@ -360,6 +360,21 @@ def test_nan_guard_skips_then_stops_with_a_clear_message(tmp):
     assert (tmp / "nan" / "checkpoints" / "latest").read_text() == "global_step3"
 
 
+def test_the_checkpoint_that_ends_a_launch_is_saved_during_a_nan_streak_and_keeps_the_one_before(tmp):
+    """The last step is non-finite (a streak of 1, under the limit): the run completes. Periodic saves wait for the
+    streak's end, but the final one (like stop_at_step's and a preemption's) is saved: without it a completed run had
+    no checkpoint of its last step (phase 2 and exports took an older one, a stop_at_step relaunch redid the same
+    steps forever). That save keeps one more than keep_last, so the checkpoint before the streak survives it."""
+    cfg = make_config(tmp, "nan_end", objective={"options": {"nan_after_step": 4}},
+                      train={"steps": 5, "max_nonfinite_in_a_row": 3}, checkpoint={"every_steps": 2, "keep_last": 2},
+                      deepspeed={"config": str(REPO / "ds_configs" / "zero0.json")})
+    proc = run(cfg, 1, expect=0)
+    assert "final checkpoint saved during a NaN/Inf streak of 1 step(s)" in proc.stdout + proc.stderr
+    assert sorted(p.name for p in (tmp / "nan_end" / "checkpoints").glob("global_step*")) == \
+        ["global_step2", "global_step4", "global_step5"]
+    assert json.loads((tmp / "nan_end" / "status.json").read_text())["status"] == "completed"
+
+
 def test_status_names_the_last_step_of_a_failed_run(tmp):
     """One process, no launcher: the data fails at step 5. status.json said 'failed' at step -1 whatever the run had
     done; it names the last completed step (4). While running, it follows the checkpoint saves (trainer.loop
@@ -381,8 +396,16 @@ def test_a_save_updates_the_running_status(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "save", lambda *a, **k: tmp_path / "checkpoints" / "global_step6")
     cfg = SimpleNamespace(run_dir=str(tmp_path), checkpoint=SimpleNamespace(dir=None, keep_last=2),
                           model_dump=lambda mode: {})
+    said = []
     fake = SimpleNamespace(cfg=cfg, state=SimpleNamespace(step=6), engine=None, rank=0, world_size=1, run_id="x",
-                           fence=None, last_checkpoint=None)
+                           fence=None, last_checkpoint=None, nonfinite_streak=0,
+                           metrics=SimpleNamespace(message=said.append))
     assert Trainer.save(fake) == tmp_path / "checkpoints" / "global_step6"
     status = json.loads((tmp_path / "status.json").read_text())
     assert (status["status"], status["step"]) == ("running", 6)
+    # a status file that cannot be written (a transient NFS or quota error) after a good checkpoint is said, not
+    # raised: rank 0 alone leaving the loop left the other ranks in the next step's collective
+    (tmp_path / "status.tmp").mkdir()  # write_status's temporary file: writing it fails with IsADirectoryError
+    fake.state.step = 8
+    assert Trainer.save(fake) == tmp_path / "checkpoints" / "global_step6"
+    assert len(said) == 1 and "could not update" in said[0] and "step 8" in said[0]

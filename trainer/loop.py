@@ -236,18 +236,35 @@ class Trainer:
 
     def save(self) -> Path:
         """Save this step's checkpoint (returns at once if it exists). Callers check ``may_save`` first."""
+        keep = self.cfg.checkpoint.keep_last + (1 if self.nonfinite_streak else 0)  # (see may_save)
         self.last_checkpoint = checkpoint.save(
             self.engine, checkpoint_dir(self.cfg), self.state, self.cfg.model_dump(mode="json"), self.rank,
-            self.world_size, self.cfg.checkpoint.keep_last, run_id=self.run_id, fence=self.fence)
-        # status.json follows the run at each save (one small file on rank 0; every step would cost a write per step)
-        write_status(self.cfg.run_dir, self.rank, "running", self.state.step, fence=self.fence)
+            self.world_size, keep, run_id=self.run_id, fence=self.fence)
+        # status.json follows the run at each save (one small file on rank 0; every step would cost a write per step).
+        # A failed write of it (a transient NFS or quota error) is said, not raised: rank 0 alone leaving the loop
+        # after a good checkpoint would leave the other ranks in the next step's collective (and a preemption would
+        # exit 1, not 75). The run lock's fence still raises.
+        try:
+            write_status(self.cfg.run_dir, self.rank, "running", self.state.step, fence=self.fence)
+        except OSError as err:
+            self.metrics.message(f"warning: could not update {self.cfg.run_dir}/status.json after saving step "
+                                 f"{self.state.step}: {err}")
         return self.last_checkpoint
 
-    def may_save(self, why: str) -> bool:
-        """False, and said, while a NaN/Inf streak is open: a checkpoint of a step whose update was skipped may hold
-        weights already spoiled (or be the first of the streak that stops the run), and keep-last pruning would drop
-        the good ones for it. The step of the streak's end saves at its next due step."""
+    def may_save(self, why: str, ends_launch: bool = False) -> bool:
+        """Whether to save now. While a NaN/Inf streak is open, the periodic and downstream checkpoints are not saved,
+        said: the weights may already be spoiled (the streak's cause), and keep-last pruning would drop the good ones
+        for them. The checkpoint that ends a launch (final, train.stop_at_step, preemption) is saved: without it a
+        completed run would have no checkpoint of its last step, a stop_at_step relaunch would redo the same steps
+        forever and a preemption would lose up to every_steps steps; skipped steps left the weights as they were, and
+        ``save`` then keeps every older checkpoint (one more than checkpoint.keep_last), so the one before the streak
+        survives it."""
         if not self.nonfinite_streak:
+            return True
+        if ends_launch:
+            self.metrics.message(f"step {self.state.step}: {why} saved during a NaN/Inf streak of "
+                                 f"{self.nonfinite_streak} step(s); the checkpoint before it, {self._last_name()}, is "
+                                 "kept: if the next launch stops on NaN/Inf, resume from that one")
             return True
         self.metrics.message(f"step {self.state.step}: {why} not saved: the last {self.nonfinite_streak} step(s) "
                              f"had a NaN/Inf loss or gradient (the newest checkpoint stays {self._last_name()})")
@@ -324,7 +341,7 @@ class Trainer:
             if result.nonfinite:
                 self._nonfinite(result, in_a_row)  # raises after K in a row
             if result.preempt:  # save first and only: evaluation would eat into the scheduler's grace (KillWait)
-                saved = self.save() if self.may_save("preemption checkpoint") else None
+                saved = self.save() if self.may_save("preemption checkpoint", ends_launch=True) else None
                 if self.downstream is not None:  # a due step is queued (hard links: quick); the next launch starts it
                     if saved is not None and self.downstream.due(state.step):
                         self.downstream.launch(state.step, saved, start=False)
@@ -347,14 +364,15 @@ class Trainer:
             if cfg.train.eval_every and self.comps.eval_batches and state.step % cfg.train.eval_every == 0:
                 self.metrics.log(state.step, self.evaluate(), split="eval")
             if cfg.train.stop_at_step and state.step >= cfg.train.stop_at_step and state.step < cfg.train.steps:
-                if last_saved != state.step and self.may_save("train.stop_at_step checkpoint"):
+                if last_saved != state.step and self.may_save("train.stop_at_step checkpoint", ends_launch=True):
                     self.save()
                 self.metrics.message(f"stopped at step {state.step} (train.stop_at_step); continue with --resume auto")
                 if self.downstream is not None:
                     self.downstream.suspend()
                 write_status(cfg.run_dir, self.rank, "stopped", state.step, fence=self.fence)
                 return EXIT_OK
-        if cfg.checkpoint.save_at_end and last_saved != state.step and self.may_save("final checkpoint"):
+        if cfg.checkpoint.save_at_end and last_saved != state.step and \
+                self.may_save("final checkpoint", ends_launch=True):
             self.save()
         if self.downstream is not None:
             self.downstream.finish()

@@ -141,7 +141,8 @@ def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) ->
                                              world_size, total_samples=end_samples, split="train")
         return iter(loader)
 
-    evaluates = bool(cfg.data.valid_corpora) or cfg.data.valid_split > 0
+    # (held-out data with train.eval_every 0 is never read: its index is not built, so it cannot stop the run)
+    evaluates = bool(cfg.train.eval_every) and (bool(cfg.data.valid_corpora) or cfg.data.valid_split > 0)
     # The evaluation dataset is built here, at start (rank 0 builds a missing held-out index while the others wait,
     # as for the training index), not at the first evaluation: a split that holds out nothing usable (a too small
     # data.valid_split) or a broken valid corpus then stops the run before step 1, not after eval_every steps of
@@ -286,8 +287,10 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
 
     checkpoint.seed_everything(cfg.seed)  # identical initial weights on every rank
     comps = build_components(cfg, rank, world_size, device)
-    if evaluation_note(cfg, comps.eval_batches is not None):
-        print0(evaluation_note(cfg, comps.eval_batches is not None))
+    held_out = comps.eval_batches is not None or (not cfg.train.eval_every and (
+        bool(cfg.data.valid_corpora) or cfg.data.valid_split > 0))
+    if evaluation_note(cfg, held_out):
+        print0(evaluation_note(cfg, held_out))
     if resume_dir is None and cfg.checkpoint.init_from:
         weights = checkpoint.init_weights(cfg.checkpoint.init_from, Path(cfg.run_dir), rank,  # consolidated once
                                           vocab_size=(corpus_vocab_size(cfg), cfg.model.vocab_size))
