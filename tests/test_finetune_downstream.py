@@ -422,26 +422,130 @@ def _events(log: Path, count: int) -> list[tuple[str, int]]:
     return [(line.split()[0], int(line.split("--report-step ")[1].split()[0])) for line in lines]
 
 
+def _queue(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "downstream" / "queue.json").read_text())
+
+
 def test_queued_fine_tunings_outlive_a_stopped_launch_and_keep_max_running(tmp_path, monkeypatch):
     """Issue: a launch ended by train.stop_at_step or preemption dropped its queue (in memory only) and left the
     copies behind; at the end of a run finish() started every queued child at once, ignoring eval.max_running. The
     queue is kept in RUN_DIR/downstream/queue.json and started by the next launch; finish() runs the rest one
-    after another per slot, after the slot's running child."""
+    after another per slot, after the slot's running child. Review: the next launch counted only its own
+    children, so the earlier launch's child still running and the new one ran at once (2 x max_running); the
+    runners' pids and start times in queue.json now hold the slot across launches."""
     monkeypatch.setattr("trainer.finetune.downstream.CHAIN_POLL_S", 0.1)
     new_launcher, log, said = _fake_children(tmp_path, max_running=1)
     first = new_launcher()
     for step in (10, 20):
         first.launch(step, _fake_checkpoint(tmp_path, step))
     first.suspend()  # the launch stops (train.stop_at_step): step 20 is not started, but kept and said
-    queue = json.loads((tmp_path / "downstream" / "queue.json").read_text())
-    assert [row["step"] for row in queue] == [20] and any("queue.json" in s for s in said), said
-    second = new_launcher()  # the next launch of the run
-    assert [step for _, step, _ in second.queued] == [20]
-    first.running[0][2].wait()
+    queue = _queue(tmp_path)
+    assert [row["step"] for row in queue["queued"]] == [20] and any("queue.json" in s for s in said), said
+    assert [[j["step"] for j in r["jobs"]] for r in queue["running"]] == [[10]]
+    second = new_launcher()  # the next launch of the run, while step 10's child still runs
+    second.poll()
+    assert [job.step for job in second.queued] == [20]  # the slot is the first launch's runner's
     for step in (30, 40):
         second.launch(step, _fake_checkpoint(tmp_path, step))
-    second.finish()  # 20 running, 30 and 40 queued: one slot, so 30 and 40 start after 20, one at a time
-    assert not (tmp_path / "downstream" / "queue.json").exists()
+    second.finish()  # 10 running, 20, 30 and 40 queued: one slot, so they start after 10, one at a time
+    assert _queue(tmp_path)["queued"] == []
     events = _events(log, 8)
     assert events == [("start", 10), ("end", 10), ("start", 20), ("end", 20), ("start", 30), ("end", 30),
                       ("start", 40), ("end", 40)], events
+
+
+def test_a_runner_waits_for_its_process_not_for_a_reused_pid(tmp_path):
+    """Review: a chain waited on a bare /proc/PID, which after the trainer's exit may name an unrelated process that
+    reused the pid (then it waited on it, possibly forever). A process is its pid and its start time (field 22 of
+    /proc/PID/stat): the live pid with another start time is not waited for; the right one is, until it ends."""
+    from trainer.finetune.downstream import EXIT_FILE, _boot_id, alive, process_start, run_chain
+
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        start = process_start(sleeper.pid)
+        assert alive(sleeper.pid, start) and not alive(sleeper.pid, start - 1)
+        out = tmp_path / "global_step10" / "rte"
+        out.mkdir(parents=True)
+        job = {"task": "rte", "step": 10, "copy": str(out / "global_step10"), "cmd": ["true"]}
+        began = time.monotonic()  # the pid lives, but started at another time: another process, not waited for
+        run_chain({"run_dir": str(tmp_path), "poll_s": 0.05, "jobs": [job],
+                   "wait": [[sleeper.pid, start - 1, _boot_id()]]})
+        assert time.monotonic() - began < 5 and (out / EXIT_FILE).read_text().strip() == "0"
+        subprocess.Popen(["sh", "-c", f"sleep 0.3; kill {sleeper.pid}"])
+        began = time.monotonic()
+        run_chain({"run_dir": str(tmp_path), "poll_s": 0.05, "jobs": [job],
+                   "wait": [[sleeper.pid, start, _boot_id()]]})
+        assert time.monotonic() - began >= 0.3 and sleeper.poll() is not None  # waited for it to end (a zombie)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_failures_after_the_trainer_exits_are_recorded(tmp_path, monkeypatch):
+    """Review: children still running when the run completed, and those of the chains started then, were never
+    polled: a failure left no "downstream_failed" record. The runner that starts a child (which outlives the
+    trainer) records it; the child records its score itself."""
+    from trainer.finetune.downstream import EvalConfig
+
+    monkeypatch.setattr("trainer.finetune.downstream.CHAIN_POLL_S", 0.1)
+    new_launcher, log, said = _fake_children(tmp_path, max_running=1)
+    launcher = new_launcher()
+    launcher.cfg = EvalConfig(**{**launcher.cfg.model_dump(), "command_prefix": [
+        "sh", "-c", f'echo "start $*" >> {log}; sleep 0.3; echo "end $*" >> {log}; exit 3', "child"]})
+    for step in (10, 20):
+        launcher.launch(step, _fake_checkpoint(tmp_path, step))
+    launcher.finish()  # the trainer exits: nobody polls step 10's child nor the chain that runs step 20
+    del launcher
+    deadline, failed = time.monotonic() + 60, []
+    while time.monotonic() < deadline and len(failed) < 2:
+        time.sleep(0.1)
+        lines = (tmp_path / "metrics.jsonl").read_text().splitlines() if (tmp_path / "metrics.jsonl").exists() else []
+        failed = [json.loads(x) for x in lines if '"downstream_failed"' in x]
+    assert sorted(r["step"] for r in failed) == [10, 20] and all("exit 3" in r["error"] for r in failed), failed
+
+
+def test_a_killed_runner_s_fine_tunings_run_again(tmp_path, monkeypatch):
+    """Review: under Slurm the detached runners die with the job when its script ends. What a killed runner did
+    not finish is queued again: `python -m trainer.finetune.downstream RUN_DIR` (or the next launch) runs it, in
+    the foreground, waiting for the end."""
+    import signal
+
+    from trainer.finetune.downstream import main
+
+    monkeypatch.setattr("trainer.finetune.downstream.CHAIN_POLL_S", 0.1)
+    new_launcher, log, said = _fake_children(tmp_path, max_running=1)
+    launcher = new_launcher()
+    launcher.launch(10, _fake_checkpoint(tmp_path, 10))
+    launcher.finish()
+    assert _events(log, 1) == [("start", 10)]
+    os.killpg(launcher.running[0].pid, signal.SIGKILL)  # the job's end kills the runner and its child
+    launcher.running[0].proc.wait()
+    assert main([str(tmp_path)]) == 0
+    assert _events(log, 3) == [("start", 10), ("start", 10), ("end", 10)]
+    assert not (tmp_path / "downstream" / "queue.json").exists()
+
+
+def test_a_preemption_makes_no_full_copy(tmp_path, monkeypatch):
+    """Review: at preemption a due step's copy fell back to a full copy where hard links fail, during the kill
+    grace period. It is queued referencing the checkpoint itself, and the next launch copies it."""
+    import shutil
+
+    new_launcher, log, said = _fake_children(tmp_path, max_running=1)
+    launcher = new_launcher()
+
+    def no_link(src, dst):
+        raise OSError(18, "Invalid cross-device link")
+
+    def no_copy(*args, **kwargs):
+        raise AssertionError("a full copy during the preemption's grace period")
+
+    tag = _fake_checkpoint(tmp_path, 10)
+    with monkeypatch.context() as m:
+        m.setattr(os, "link", no_link)
+        m.setattr(shutil, "copy2", no_copy)
+        launcher.launch(10, tag, start=False)
+        launcher.suspend()
+    copy = tmp_path / "downstream" / "global_step10" / "rte" / "global_step10"
+    assert not copy.exists() and [r["source"] for r in _queue(tmp_path)["queued"]] == [str(tag)]
+    second = new_launcher()  # the next launch copies it, then starts it
+    assert (copy / "bertfamily.json").exists() and [(j.copy, j.source) for j in second.queued] == [(copy, None)]

@@ -6,21 +6,30 @@
 
 At step s (a multiple of ``every_steps``) the run saves a checkpoint (if that step has none yet), and rank 0 copies it
 to ``RUN_DIR/downstream/global_step<s>/<task>/`` as hard links (no extra disk; the copy survives keep-last pruning of
-the original; a plain copy where hard links are impossible) and starts ``python -m trainer.finetune`` on the copy as a
-new process session with the launcher's rank variables removed, so it is a 1-process job of its own and the
-pretraining ranks never wait for it. The child deletes its copy, writes TensorBoard (``downstream/<task>_<metric>``,
-its own event file in ``RUN_DIR/tensorboard``), and last its result record into ``RUN_DIR/metrics.jsonl`` (``"split":
-"downstream"``, ``step`` = the pretraining step, ``<task>_<metric>`` = the median score; one ``O_APPEND`` write of a
-line, which does not interleave with the trainer's own line writes on a local or Lustre filesystem): a reader that
-sees the record finds everything else done. Rank 0 polls its children once per step (``Popen.poll``: no blocking) and
-prints each finished score or names the log of a failed one; a failed child, or one that cannot be started (a wrong
-``command_prefix``), is said and recorded (``"split": "downstream_failed"`` with the reason) and pretraining goes on.
-At most ``max_running`` children per task run at once; later due steps queue (their copies made at once, the queue
-kept in ``RUN_DIR/downstream/queue.json``) and start as earlier ones finish. When the run completes, what is still
-queued is started in ``max_running`` detached chains per task, each one after the other (and after the child still
-running in its slot). A launch that ends before the run completes (``train.stop_at_step``, preemption: a step due
-at the preemption's checkpoint is queued too) starts nothing more and says what waits; the next launch of the run
-starts the queue.
+the original; a plain copy where hard links are impossible) and starts a runner (``python -m
+trainer.finetune.downstream --runner``, a new process session with the launcher's rank variables removed), which
+starts ``python -m trainer.finetune`` on the copy, so it is a 1-process job of its own and the pretraining ranks never
+wait for it. The child deletes its copy, writes TensorBoard (``downstream/<task>_<metric>``, its own event file in
+``RUN_DIR/tensorboard``), and last its result record into ``RUN_DIR/metrics.jsonl`` (``"split": "downstream"``,
+``step`` = the pretraining step, ``<task>_<metric>`` = the median score; one ``O_APPEND`` write of a line, which does
+not interleave with the trainer's own line writes on a local or Lustre filesystem): a reader that sees the record finds
+everything else done. The runner writes the child's exit status to ``finetune.exit`` in the task's folder, and a
+failure (non-zero exit, a program that cannot start) to metrics.jsonl (``"split": "downstream_failed"`` with the
+reason): both records are written whether or not the trainer still runs. Rank 0 polls its runners once per step (no
+blocking) and prints each finished score or names the log of a failed one; a wrong ``command_prefix`` (no such
+program) is said and recorded at once, and pretraining goes on.
+
+At most ``max_running`` runners per task run at once, counted across launches: ``RUN_DIR/downstream/queue.json``
+holds the runners started (pid and process start time, which together name one process where a pid may be reused)
+and the due steps not started yet (their copies made at once); a launch counts the live runners of earlier ones.
+When the run completes, what is still queued is started in ``max_running`` detached runners per task, each running
+its fine-tunings one after another after the runner it replaces in its slot. A launch that ends before the run
+completes (``train.stop_at_step``, preemption, the NaN/Inf guard) starts nothing more and says what waits; the next
+launch starts it. At preemption the copy is hard links only: where they fail, the step is queued referencing the
+checkpoint itself and the next launch makes the copy (a full copy would eat the scheduler's kill grace period). The
+fine-tunings of a runner that died before finishing them (under Slurm, runners die with the job when its batch script
+ends) are queued again by the next launch, or run in the foreground by ``python -m trainer.finetune.downstream
+RUN_DIR``, which waits until nothing runs or waits.
 
 Where the child runs is ``command_prefix`` (e.g. ``[srun, --overlap, -N1, -n1, --gres=gpu:1]``) and ``env``; by
 default it sees no GPU (``child_env``), so it never lands on rank 0's. This module imports only pydantic and the
@@ -33,6 +42,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,7 +53,9 @@ QUEUE_FILE = "queue.json"
 """``RUN_DIR/downstream/queue.json``: the due fine-tunings not started yet (task, data, step, copy), for the next
 launch when this one ends first."""
 CHAIN_POLL_S = 2.0
-"""How often a chain started by ``finish`` looks whether the child it waits for has ended."""
+"""How often a runner looks whether the runners it waits for have ended (and ``wait`` polls)."""
+EXIT_FILE = "finetune.exit"
+"""``RUN_DIR/downstream/global_step<s>/<task>/finetune.exit``: the child's exit status, written by its runner."""
 # Variables through which a launcher makes a process a rank of its job; the child must start a job of its own.
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
                   "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS",
@@ -84,8 +97,9 @@ class EvalConfig(BaseModel):
     {CUDA_VISIBLE_DEVICES: "7"} for a GPU the pretraining does not use."""
 
 
-def copy_checkpoint(tag_dir: Path, dest: Path) -> Path:
-    """``dest/<tag>``: hard links of the checkpoint's files (a copy where links fail); no universal/ subfolder."""
+def copy_checkpoint(tag_dir: Path, dest: Path, links_only: bool = False) -> Path:
+    """``dest/<tag>``: hard links of the checkpoint's files (a copy where links fail); no universal/ subfolder. With
+    ``links_only`` a file that cannot be linked raises OSError (the partial copy removed) instead of being copied."""
     target = dest / Path(tag_dir).name
     if target.exists():
         shutil.rmtree(target)
@@ -95,8 +109,17 @@ def copy_checkpoint(tag_dir: Path, dest: Path) -> Path:
         try:
             os.link(src, dst)
         except OSError:
+            if links_only:
+                raise
             shutil.copy2(src, dst)
-    shutil.copytree(tag_dir, target, copy_function=link, ignore=shutil.ignore_patterns("universal", ".universal*"))
+    try:
+        shutil.copytree(tag_dir, target, copy_function=link,
+                        ignore=shutil.ignore_patterns("universal", ".universal*"))
+    except (OSError, shutil.Error):
+        shutil.rmtree(target, ignore_errors=True)
+        if links_only:
+            raise OSError(f"cannot hard-link {tag_dir} into {dest}") from None
+        raise
     return target
 
 
@@ -112,16 +135,69 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+@dataclass
+class Job:
+    """One fine-tuning: ``task`` and ``data`` name the ``eval.downstream`` entry, ``copy`` the checkpoint copy the
+    child reads (its folder ``copy.parent`` gets finetune.log, finetune/ and ``EXIT_FILE``). ``source``: the original
+    checkpoint when the copy is not made yet (a preemption whose hard links failed: the next launch copies it)."""
+
+    task: str
+    data: str
+    step: int
+    copy: Path
+    source: Path | None = None
+
+    @property
+    def out(self) -> Path:
+        return self.copy.parent
+
+    def row(self) -> dict:
+        row = {"task": self.task, "data": self.data, "step": self.step, "copy": str(self.copy)}
+        if self.source is not None:
+            row["source"] = str(self.source)
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict) -> Job:
+        return cls(row["task"], row["data"], int(row["step"]), Path(row["copy"]),
+                   Path(row["source"]) if row.get("source") else None)
+
+
+@dataclass
+class Runner:
+    """A runner process (``python -m trainer.finetune.downstream --runner``) holding one slot of its task: it runs
+    ``jobs`` one after another. ``proc`` is set when this launch started it; otherwise (an earlier launch's) it is
+    known by ``pid`` and its start time (field 22 of /proc/PID/stat) on the machine of ``boot_id``."""
+
+    task: str
+    data: str
+    jobs: list[Job]
+    pid: int
+    start: int | None
+    boot_id: str
+    proc: subprocess.Popen | None = None
+
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        return self.boot_id == _boot_id() and alive(self.pid, self.start)
+
+    def row(self) -> dict:
+        return {"task": self.task, "data": self.data, "pid": self.pid, "start": self.start, "boot_id": self.boot_id,
+                "jobs": [j.row() for j in self.jobs]}
+
+
 class DownstreamLauncher:
     """Rank 0's side: ``due(step)``, ``launch(step, tag_dir)`` after the save, ``poll()`` every step, and at the end
     of a launch ``finish()`` (the run is complete) or ``suspend()`` (stopped or preempted: the queue waits for the
-    next launch). The queue is kept in ``RUN_DIR/downstream/queue.json`` (``QUEUE_FILE``) whenever it changes, and
-    a new launch of the run starts what it holds as slots free up."""
+    next launch). ``RUN_DIR/downstream/queue.json`` (``QUEUE_FILE``) holds, whenever they change, the fine-tunings
+    not started yet and the runner processes started (pid and start time, each runner's fine-tunings), so a new
+    launch counts an earlier launch's live runners against ``max_running`` and starts what they left."""
 
     def __init__(self, cfg: EvalConfig, run_dir: str | Path, rank: int, say=print):
         self.cfg, self.run_dir, self.rank, self.say = cfg, Path(run_dir), rank, say
-        self.running: list[tuple[DownstreamTask, int, subprocess.Popen, Path]] = []
-        self.queued: list[tuple[DownstreamTask, int, Path]] = []
+        self.running: list[Runner] = []
+        self.queued: list[Job] = []
         if rank == 0:
             self._load_queue()
 
@@ -129,35 +205,66 @@ class DownstreamLauncher:
     def queue_file(self) -> Path:
         return self.run_dir / "downstream" / QUEUE_FILE
 
+    def _task(self, job) -> DownstreamTask | None:
+        return next((t for t in self.cfg.downstream if (t.task, t.data) == (job.task, job.data)), None)
+
     def _save_queue(self) -> None:
-        """Write the queue (atomically; removed when empty), so a launch that ends before starting it loses none."""
-        rows = [{"task": t.task, "data": t.data, "step": step, "copy": str(copy)} for t, step, copy in self.queued]
-        if not rows:
+        """Write the queue and the runners (atomically; removed when both are empty), so a launch that ends before
+        starting a fine-tuning loses none, and the next launch knows which runners still hold slots."""
+        if not self.queued and not self.running:
             self.queue_file.unlink(missing_ok=True)
             return
+        state = {"eval": self.cfg.model_dump(mode="json"), "queued": [j.row() for j in self.queued],
+                 "running": [r.row() for r in self.running]}
+        self.queue_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.queue_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rows, indent=1))
+        tmp.write_text(json.dumps(state, indent=1))
         tmp.replace(self.queue_file)
 
     def _load_queue(self) -> None:
-        """The fine-tunings an earlier launch of this run queued and did not start: queued again (started by the
-        next ``poll``) when ``eval.downstream`` still names the task; otherwise said and their copies removed."""
+        """What an earlier launch of this run left: its runners still alive keep their slots (polled like ours);
+        the fine-tunings of a runner that died before finishing them (killed with a Slurm job) and those never
+        started are queued again (started by the next ``poll``) when ``eval.downstream`` still names the task;
+        otherwise said and their copies removed."""
         try:
-            rows = json.loads(self.queue_file.read_text())
+            state = json.loads(self.queue_file.read_text())
         except FileNotFoundError:
             return
         except (OSError, ValueError) as err:
             self.say(f"downstream: cannot read {self.queue_file} ({err}); its fine-tunings are not started")
             return
-        for row in rows:
-            task = next((t for t in self.cfg.downstream if (t.task, t.data) == (row["task"], row["data"])), None)
-            copy = Path(row["copy"])
-            if task is not None and copy.is_dir():
-                self.queued.append((task, int(row["step"]), copy))
+        if isinstance(state, list):  # the first format: the queued rows only
+            state = {"queued": state, "running": []}
+        rows = []
+        for r in state.get("running", []):
+            runner = Runner(r["task"], r["data"], [Job.from_row(j) for j in r["jobs"]], int(r["pid"]), r["start"],
+                            r["boot_id"])
+            if runner.alive():
+                self.running.append(runner)
+                self.say(f"downstream: runner pid {runner.pid} of an earlier launch still fine-tunes {runner.task} "
+                         f"(steps {[j.step for j in runner.jobs]}); it holds one of eval.max_running's slots")
             else:
-                shutil.rmtree(copy, ignore_errors=True)
-                why = "its checkpoint copy is gone" if task is not None else "eval.downstream no longer names it"
-                self.say(f"downstream: dropped the fine-tuning of {row['task']} at step {row['step']} queued by an "
+                rows += [j for j in runner.jobs if _unfinished(j)]
+        rows += [Job.from_row(row) for row in state.get("queued", [])]
+        for job in rows:
+            task = self._task(job)
+            why = None
+            if task is None:
+                why = "eval.downstream no longer names it"
+            elif job.source is not None:  # a preemption queued it without a copy: copy it now
+                try:
+                    job.copy = copy_checkpoint(job.source, job.out)
+                    job.source = None
+                except OSError as err:
+                    why = f"its checkpoint {job.source} cannot be copied ({err})"
+            elif not job.copy.is_dir():
+                why = "its checkpoint copy is gone"
+            if why is None:
+                self.queued.append(job)
+            else:
+                if job.source is None:
+                    shutil.rmtree(job.copy, ignore_errors=True)
+                self.say(f"downstream: dropped the fine-tuning of {job.task} at step {job.step} queued by an "
                          f"earlier launch: {why}")
         if self.queued:
             self.say(f"downstream: {len(self.queued)} fine-tuning(s) queued by an earlier launch of this run "
@@ -168,14 +275,23 @@ class DownstreamLauncher:
         return any(step % t.every_steps == 0 for t in self.cfg.downstream)
 
     def launch(self, step: int, tag_dir: Path, start: bool = True) -> None:
-        """Copy ``tag_dir`` for every task due at ``step`` and queue it; with ``start``, start what the slots allow
-        (a preempted launch passes False: the queue waits for the next launch)."""
+        """Copy ``tag_dir`` for every task due at ``step`` and queue it; with ``start``, start what the slots allow.
+        A preempted launch passes False: the queue waits for the next launch, and the copy is hard links only (a
+        full copy would eat the scheduler's kill grace period): where links fail, the step is queued referencing
+        the checkpoint itself and the next launch copies it."""
         if self.rank != 0:
             return
         for t in self.cfg.downstream:
             if step % t.every_steps == 0:
-                copy = copy_checkpoint(tag_dir, self.run_dir / "downstream" / tag_dir.name / _slug(t.task))
-                self.queued.append((t, step, copy))
+                dest = self.run_dir / "downstream" / tag_dir.name / _slug(t.task)
+                job = Job(t.task, t.data, step, dest / tag_dir.name)
+                try:
+                    copy_checkpoint(tag_dir, dest, links_only=not start)
+                except OSError:
+                    if start:
+                        raise
+                    job.source = Path(tag_dir)
+                self.queued.append(job)
         self._save_queue()
         if start:
             self.poll()
@@ -193,117 +309,249 @@ class DownstreamLauncher:
             cmd += ["--sweep", s]
         return cmd
 
-    def _start(self, t: DownstreamTask, step: int, copy: Path) -> None:
-        out = copy.parent
-        cmd = self._command(t, step, copy)
+    def _start(self, t: DownstreamTask, jobs: list[Job], wait: list[Runner] = ()) -> Runner | None:
+        """Start a runner for ``jobs`` (one after another, after the runners ``wait``); None if it cannot start. A
+        fine-tuning whose program does not exist (a wrong ``eval.command_prefix``) is failed here and now."""
+        runnable = []
+        for job in jobs:
+            cmd = self._command(t, job.step, job.copy)
+            if shutil.which(cmd[0]) is None:
+                self._cannot_start(job, cmd, f"could not start {cmd[0]!r}: no such program")
+            else:
+                runnable.append({"task": job.task, "step": job.step, "copy": str(job.copy), "cmd": cmd})
+        jobs = [j for j in jobs if any(r["step"] == j.step for r in runnable)]
+        if not jobs:
+            return None
+        spec = {"run_dir": str(self.run_dir), "poll_s": CHAIN_POLL_S, "jobs": runnable,
+                "wait": [[r.pid, r.start, r.boot_id] for r in wait]}
+        for job in jobs:  # a stale exit file from a killed earlier try must not read as this try's
+            (job.out / EXIT_FILE).unlink(missing_ok=True)
         try:
-            with open(out / "finetune.log", "w") as log:  # the child holds its own descriptor
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(self.cfg.env),
-                                        start_new_session=True, cwd=os.getcwd())
-        except OSError as err:  # a wrong eval.command_prefix (no such program), a full disk: reported, never fatal
-            reason = f"could not start {cmd[0]!r}: {err}"
-            try:  # the folder says what happened too
-                (out / "finetune.log").write_text(f"{reason}\ncommand: {' '.join(cmd)}\n")
-            except OSError:
-                pass
-            self._failed(t, step, reason, copy)
-            return
-        self.running.append((t, step, proc, out))
-        self.say(f"downstream: fine-tuning {t.task} on the step-{step} checkpoint (pid {proc.pid}, log "
-                 f"{out / 'finetune.log'})")
+            proc = subprocess.Popen([sys.executable, "-m", "trainer.finetune.downstream", "--runner", json.dumps(spec)],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    env=child_env(self.cfg.env), start_new_session=True, cwd=os.getcwd())
+        except OSError as err:
+            for job in jobs:
+                self._cannot_start(job, runnable[0]["cmd"], f"could not start the runner {sys.executable}: {err}")
+            return None
+        runner = Runner(t.task, t.data, jobs, proc.pid, process_start(proc.pid), _boot_id(), proc)
+        self.running.append(runner)
+        return runner
 
     def poll(self) -> None:
+        """Say what ended (never blocks) and start what the slots allow."""
         if self.rank != 0:
             return
-        still = []
-        for t, step, proc, out in self.running:
-            code = proc.poll()
-            if code is None:
-                still.append((t, step, proc, out))
-            elif code == 0:
-                score = _read_score(out / "finetune" / _task_dir(t.task) / "results.json")
-                self.say(f"downstream: {t.task} at step {step}: {score}")
-            else:
-                self._failed(t, step, f"exit {code}; see {out / 'finetune.log'}")
-        self.running = still
+        changed = self._reap()
         waiting = []
-        for t, step, copy in self.queued:
-            if sum(1 for r in self.running if r[0] is t) < self.cfg.max_running:
-                self._start(t, step, copy)
-            else:
-                waiting.append((t, step, copy))
-        if len(waiting) != len(self.queued):
+        for job in self.queued:
+            t = self._task(job)
+            if job.source is None and \
+                    sum(1 for r in self.running if (r.task, r.data) == (job.task, job.data)) < self.cfg.max_running:
+                if self._start(t, [job]) is not None:
+                    self.say(f"downstream: fine-tuning {t.task} on the step-{job.step} checkpoint (pid "
+                             f"{self.running[-1].pid}, log {job.out / 'finetune.log'})")
+            else:  # full slots, or not copied yet (a preemption: the next launch copies it)
+                waiting.append(job)
+        if changed or len(waiting) != len(self.queued):
             self.queued = waiting
             self._save_queue()
 
-    def _failed(self, t: DownstreamTask, step: int, reason: str, copy: Path | None = None) -> None:
+    def _reap(self) -> bool:
+        """Say what the runners that ended did; whether any ended."""
+        still = []
+        for runner in self.running:
+            if runner.alive():
+                still.append(runner)
+                continue
+            for job in runner.jobs:  # the runner recorded each failure in metrics.jsonl; the child its score
+                code = _exit_code(job)
+                if code == 0:
+                    score = _read_score(job.out / "finetune" / _task_dir(job.task) / "results.json")
+                    self.say(f"downstream: {job.task} at step {job.step}: {score}")
+                elif code is not None:
+                    self.say(f"downstream: fine-tuning {job.task} at step {job.step} failed (exit {code}; see "
+                             f"{job.out / 'finetune.log'}); pretraining continues")
+                elif _unfinished(job):
+                    self._failed(job, f"its runner (pid {runner.pid}) ended before it finished; see "
+                                      f"{job.out / 'finetune.log'}")
+        changed = len(still) != len(self.running)
+        self.running = still
+        return changed
+
+    def _cannot_start(self, job: Job, cmd: list[str], reason: str) -> None:
+        try:  # the folder says what happened too
+            (job.out / "finetune.log").write_text(f"{reason}\ncommand: {' '.join(cmd)}\n")
+        except OSError:
+            pass
+        self._failed(job, reason)
+        shutil.rmtree(job.copy, ignore_errors=True)  # no child will read it
+
+    def _failed(self, job: Job, reason: str) -> None:
         """Say that a fine-tuning failed and why, and append a ``"split": "downstream_failed"`` record with the reason
-        to metrics.jsonl (``report``'s one O_APPEND write); a copy no child will read is removed."""
-        if copy is not None:
-            shutil.rmtree(copy, ignore_errors=True)
-        self.say(f"downstream: fine-tuning {t.task} at step {step} failed ({reason}); pretraining continues")
-        rec = {"step": step, "split": "downstream_failed", "task": t.task, "error": reason}
-        try:
-            _append_record(self.run_dir, rec)
-        except OSError as err:
-            self.say(f"downstream: could not record that failure in {self.run_dir / 'metrics.jsonl'}: {err}")
+        to metrics.jsonl (``report``'s one O_APPEND write)."""
+        self.say(f"downstream: fine-tuning {job.task} at step {job.step} failed ({reason}); pretraining continues")
+        _record_failure(self.run_dir, job.task, job.step, reason, self.say)
 
     def finish(self) -> None:
         """End of the pretraining: start what is still queued, never waiting for children and keeping
-        ``max_running`` per task. The queue is split into ``max_running`` chains per task, each one detached shell
-        that first waits for a child still running in its slot and then runs its fine-tunings one after another."""
+        ``max_running`` per task, counting the runners still alive (this launch's and earlier ones'). The queue is
+        split into ``max_running`` runners per task, each running its fine-tunings one after another once the
+        runners it replaces in its slot have ended. They are detached (a session of their own) and outlive the
+        trainer; under Slurm they end with the job (README, docs/cluster_operations.md)."""
         if self.rank != 0:
             return
         self.poll()
         for t in self.cfg.downstream:
-            mine = [(step, copy) for task, step, copy in self.queued if task is t]
+            mine = [j for j in self.queued if (j.task, j.data) == (t.task, t.data)]
             if not mine:
                 continue
-            busy = [proc.pid for task, _, proc, _ in self.running if task is t]
-            slots = max(1, self.cfg.max_running)
+            busy = [r for r in self.running if (r.task, r.data) == (t.task, t.data)]
+            slots = self.cfg.max_running
             for k in range(slots):
-                chain = mine[k::slots]
-                if chain:
-                    self._start_chain(t, chain, busy[k] if k < len(busy) else None)
+                chain, wait = mine[k::slots], busy[k::slots]
+                if not chain:
+                    continue
+                runner = self._start(t, chain, wait)
+                if runner is not None:
+                    after = f" after pid(s) {[r.pid for r in wait]}" if wait else ""
+                    self.say(f"downstream: fine-tuning {t.task} on the checkpoints of steps "
+                             f"{[j.step for j in runner.jobs]} one after another{after} (pid {runner.pid}; logs "
+                             f"{runner.jobs[0].out / 'finetune.log'} ...)")
         self.queued = []
         self._save_queue()
+        if self.running and os.environ.get("SLURM_JOB_ID"):
+            self.say(f"downstream: under Slurm the fine-tunings still running or queued end with this job; "
+                     f"`python -m trainer.finetune.downstream {self.run_dir}` (in this job's script, or a job of its "
+                     "own) waits for them, and runs again what a killed runner left")
 
     def suspend(self) -> None:
         """The launch ends before the run is complete (train.stop_at_step, preemption): what is queued stays in
         ``queue.json`` for the next launch of the run, which starts it; said, with the steps."""
         if self.rank != 0:
             return
-        self.poll()
+        self._reap()  # starts nothing: the launch ends
+        self._save_queue()
         if self.queued:
-            self._save_queue()
             self.say(f"downstream: {len(self.queued)} fine-tuning(s) not started ({_listing(self.queued)}) wait in "
                      f"{self.queue_file}; the next launch of this run (--resume auto) starts them")
 
-    def _start_chain(self, t: DownstreamTask, chain: list[tuple[int, Path]], wait_pid: int | None) -> None:
-        import shlex  # noqa: PLC0415
+    def wait(self) -> None:
+        """Start what is queued as slots free up and return when nothing runs or waits (``python -m
+        trainer.finetune.downstream RUN_DIR``)."""
+        while True:
+            self.poll()
+            if not self.queued and not self.running:
+                return
+            time.sleep(CHAIN_POLL_S)
 
-        # wait for the slot's running child: until its /proc entry is gone or a zombie (kill -0 succeeds on a
-        # zombie, which stays one where the container's PID 1 does not reap orphans)
-        lines = [f"while st=$(sed -n 's/.*) \\(.\\) .*/\\1/p' /proc/{wait_pid}/stat 2>/dev/null) && [ -n \"$st\" ] && "
-                 f"[ \"$st\" != Z ]; do sleep {CHAIN_POLL_S}; done"] if wait_pid else []
-        for step, copy in chain:
-            cmd = self._command(t, step, copy)
-            lines.append(f"{shlex.join(cmd)} > {shlex.quote(str(copy.parent / 'finetune.log'))} 2>&1")
+
+def process_start(pid: int) -> int | None:
+    """The start time of a live, non-zombie process (field 22 of /proc/PID/stat, clock ticks after boot): with the
+    pid it names one process, where the pid alone may name an unrelated one that reused it; None if none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # the name may hold spaces and parentheses
+    if fields[0] in ("Z", "X"):  # a zombie (a container's PID 1 may never reap an orphan) has ended
+        return None
+    return int(fields[19])
+
+
+def alive(pid: int, start: int | None) -> bool:
+    """Whether the process of ``pid`` that started at ``start`` still runs (not a later one that reused the pid)."""
+    return start is not None and process_start(pid) == start
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _exit_code(job: Job) -> int | None:
+    try:
+        return int((job.out / EXIT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _unfinished(job: Job) -> bool:
+    """No exit status written and its checkpoint (copy or original) still there: it never ran to its end."""
+    return _exit_code(job) is None and (job.source or job.copy).is_dir()
+
+
+def _record_failure(run_dir: Path, task: str, step: int, reason: str, say=print) -> None:
+    rec = {"step": step, "split": "downstream_failed", "task": task, "error": reason}
+    try:
+        _append_record(run_dir, rec)
+    except OSError as err:
+        say(f"downstream: could not record that failure in {run_dir / 'metrics.jsonl'}: {err}")
+
+
+def run_chain(spec: dict) -> int:
+    """The runner: wait for the processes of ``spec["wait"]`` (pid and start time) to end, then run each
+    fine-tuning one after another; a child's exit status goes to its folder's ``EXIT_FILE``, and a failure (a
+    non-zero exit, a program that cannot start) to metrics.jsonl as ``"split": "downstream_failed"`` (the child
+    appends its score itself). It outlives the trainer, so the record does not depend on it."""
+    run_dir = Path(spec["run_dir"])
+    for pid, start, boot in spec["wait"]:
+        while boot == _boot_id() and alive(pid, start):
+            time.sleep(spec["poll_s"])
+    for job in spec["jobs"]:
+        out, cmd = Path(job["copy"]).parent, job["cmd"]
         try:
-            proc = subprocess.Popen(["/bin/sh", "-c", "\n".join(lines)], stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(self.cfg.env),
-                                    start_new_session=True, cwd=os.getcwd())
+            with open(out / "finetune.log", "w") as log:
+                code = subprocess.call(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            reason = f"exit {code}; see {out / 'finetune.log'}"
         except OSError as err:
-            for step, copy in chain:
-                self._failed(t, step, f"could not start /bin/sh: {err}", copy)
-            return
-        self.say(f"downstream: fine-tuning {t.task} on the checkpoints of steps {[s for s, _ in chain]} one after "
-                 f"another{' after pid ' + str(wait_pid) if wait_pid else ''} (pid {proc.pid}; logs "
-                 f"{chain[0][1].parent / 'finetune.log'} ...)")
+            code, reason = 127, f"could not start {cmd[0]!r}: {err}"
+            try:
+                (out / "finetune.log").write_text(f"{reason}\ncommand: {' '.join(cmd)}\n")
+            except OSError:
+                pass
+            shutil.rmtree(job["copy"], ignore_errors=True)
+        if code != 0:
+            _record_failure(run_dir, job["task"], job["step"], reason)
+        try:
+            (out / EXIT_FILE).write_text(f"{code}\n")
+        except OSError:
+            pass
+    return 0
 
 
-def _listing(queued: list) -> str:
-    return ", ".join(f"{t.task} at step {step}" for t, step, _ in queued)
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer.finetune.downstream RUN_DIR``: run, in the foreground, what the run's queue.json holds
+    (queued fine-tunings, those of runners killed before finishing them), ``max_running`` per task as the
+    pretraining saved it, waiting for runners still alive; for the end of a Slurm job, whose detached runners die
+    with it. Not while a launch of the run is alive (both would start the queue)."""
+    import argparse  # noqa: PLC0415
+
+    p = argparse.ArgumentParser(prog="python -m trainer.finetune.downstream", description=main.__doc__)
+    p.add_argument("run_dir", nargs="?", type=Path)
+    p.add_argument("--runner", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.runner is not None:
+        return run_chain(json.loads(args.runner))
+    if args.run_dir is None:
+        p.error("RUN_DIR is required")
+    queue = args.run_dir / "downstream" / QUEUE_FILE
+    try:
+        cfg = EvalConfig(**json.loads(queue.read_text())["eval"])
+    except FileNotFoundError:
+        print(f"downstream: {queue} does not exist: nothing waits")
+        return 0
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        print(f"downstream: cannot read {queue}: {err}", file=sys.stderr)
+        return 1
+    DownstreamLauncher(cfg, args.run_dir, 0).wait()
+    return 0
+
+
+def _listing(queued: list[Job]) -> str:
+    return ", ".join(f"{j.task} at step {j.step}" for j in queued)
 
 
 def _slug(task: str) -> str:
@@ -361,3 +609,7 @@ def _append_record(run_dir: Path, rec: dict) -> None:
         os.write(fd, (json.dumps(rec) + "\n").encode())
     finally:
         os.close(fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
