@@ -267,6 +267,9 @@ class FakeDeepSpeedFp16:
     def get_global_grad_norm(self):
         return 1.0
 
+    def zero_optimization_stage(self):
+        return 2  # ds_configs/zero2_fp16.json
+
     def train(self, mode=True):
         pass
 
