@@ -401,15 +401,22 @@ def test_a_child_that_cannot_start_is_reported_and_pretraining_goes_on(tmp_path)
 
 
 def _fake_children(tmp_path: Path, max_running: int):
-    """A launcher whose children are `sh` recording start and end of each fine-tuning (no interpreter start)."""
+    """A launcher whose children are `sh` recording start and end of each fine-tuning (no interpreter start). A child
+    runs until the test creates ``tmp_path / "gate"`` (``_open_gate``; at most 60 s, so a failed test leaves no
+    child behind for long): "still running" never depends on how fast the machine is."""
     from trainer.finetune.downstream import DownstreamLauncher, EvalConfig
 
-    log = tmp_path / "children.log"
-    child = f'echo "start $*" >> {log}; sleep 0.4; echo "end $*" >> {log}'
+    log, gate = tmp_path / "children.log", tmp_path / "gate"
+    child = (f'echo "start $*" >> {log}; i=0; while [ ! -e {gate} ] && [ $i -lt 1200 ]; do sleep 0.05; '
+             f'i=$((i+1)); done; echo "end $*" >> {log}')
     cfg = EvalConfig(downstream=[{"task": "rte", "data": str(tmp_path / "rte"), "every_steps": 10}],
                      max_running=max_running, command_prefix=["sh", "-c", child, "child"])
     said = []
     return (lambda: DownstreamLauncher(cfg, tmp_path, 0, say=said.append)), log, said
+
+
+def _open_gate(tmp_path: Path) -> None:
+    (tmp_path / "gate").write_text("")
 
 
 def _events(log: Path, count: int) -> list[tuple[str, int]]:
@@ -449,6 +456,7 @@ def test_queued_fine_tunings_outlive_a_stopped_launch_and_keep_max_running(tmp_p
         second.launch(step, _fake_checkpoint(tmp_path, step))
     second.finish()  # 10 running, 20, 30 and 40 queued: one slot, so they start after 10, one at a time
     assert _queue(tmp_path)["queued"] == []
+    _open_gate(tmp_path)  # step 10's child ran until now (review: a sleep 0.4 child assumed still running)
     events = _events(log, 8)
     assert events == [("start", 10), ("end", 10), ("start", 20), ("end", 20), ("start", 30), ("end", 30),
                       ("start", 40), ("end", 40)], events
@@ -517,9 +525,10 @@ def test_a_killed_runner_s_fine_tunings_run_again(tmp_path, monkeypatch):
     launcher = new_launcher()
     launcher.launch(10, _fake_checkpoint(tmp_path, 10))
     launcher.finish()
-    assert _events(log, 1) == [("start", 10)]
+    assert _events(log, 1) == [("start", 10)]  # the child blocks on the gate until killed
     os.killpg(launcher.running[0].pid, signal.SIGKILL)  # the job's end kills the runner and its child
     launcher.running[0].proc.wait()
+    _open_gate(tmp_path)  # the fine-tuning run again ends at once
     assert main([str(tmp_path)]) == 0
     assert _events(log, 3) == [("start", 10), ("start", 10), ("end", 10)]
     assert not (tmp_path / "downstream" / "queue.json").exists()
@@ -549,3 +558,82 @@ def test_a_preemption_makes_no_full_copy(tmp_path, monkeypatch):
     assert not copy.exists() and [r["source"] for r in _queue(tmp_path)["queued"]] == [str(tag)]
     second = new_launcher()  # the next launch copies it, then starts it
     assert (copy / "bertfamily.json").exists() and [(j.copy, j.source) for j in second.queued] == [(copy, None)]
+
+
+def test_the_foreground_command_is_refused_while_a_launch_holds_the_run(tmp_path, capsys):
+    """Review: `python -m trainer.finetune.downstream RUN_DIR` beside a live launch (or twice) started the queue twice
+    (fine-tunings run twice, max_running broken, both rewriting queue.json). It takes the run's own lock
+    (trainer/run_lock.py) and is refused while a launch holds it; queue.json is left as it was."""
+    from trainer.finetune.downstream import main
+    from trainer.run_lock import RunLock
+
+    new_launcher, log, said = _fake_children(tmp_path, max_running=1)
+    new_launcher().launch(10, _fake_checkpoint(tmp_path, 10), start=False)
+    before = (tmp_path / "downstream" / "queue.json").read_text()
+    with RunLock(tmp_path, interval_s=0.1):  # a live launch: its heartbeat moves
+        assert main([str(tmp_path)]) == 2
+    assert "holds it" in capsys.readouterr().err
+    assert (tmp_path / "downstream" / "queue.json").read_text() == before and not log.exists()
+    assert not (tmp_path / "run.lock").exists()
+
+
+def test_a_failed_checkpoint_copy_is_recorded_and_pretraining_goes_on(tmp_path, monkeypatch):
+    """Review: hard link failing, then the full copy failing too (ENOSPC) raised out of launch() on rank 0 only and
+    killed the pretraining. It is a failed fine-tuning (said, recorded in metrics.jsonl); a failed queue.json write
+    is said, not raised; the next due step still runs."""
+    import shutil
+
+    from trainer.finetune import downstream
+
+    new_launcher, log, said = _fake_children(tmp_path, max_running=1)
+    launcher = new_launcher()
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    tag = _fake_checkpoint(tmp_path, 10)
+    with monkeypatch.context() as m:
+        m.setattr(os, "link", full)
+        m.setattr(shutil, "copy2", full)
+        launcher.launch(10, tag)
+    rec = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert rec["split"] == "downstream_failed" and rec["step"] == 10 and "No space left" in rec["error"], rec
+    assert not launcher.queued and not launcher.running and launcher.failures == 1
+    with monkeypatch.context() as m:
+        m.setattr(downstream, "_write_atomic", full)
+        launcher.launch(20, _fake_checkpoint(tmp_path, 20), start=False)  # queue.json cannot be written
+    assert any("could not write" in s and "queue.json" in s for s in said), said
+    assert [j.step for j in launcher.queued] == [20]
+
+
+def test_an_unreadable_queue_is_set_aside_not_dropped(tmp_path):
+    """Review: a queue.json that could not be parsed was dropped (then overwritten), and the copies it named leaked
+    disk with nothing left to find them. It is moved to queue.json.bad-<UTC time> and said; the next write goes
+    through a temporary name of its own (no shared queue.tmp)."""
+    new_launcher, log, said = _fake_children(tmp_path, max_running=1)
+    new_launcher().launch(10, _fake_checkpoint(tmp_path, 10), start=False)
+    queue = tmp_path / "downstream" / "queue.json"
+    torn = queue.read_text()[:40]
+    queue.write_text(torn)
+    second = new_launcher()
+    (bad,) = (tmp_path / "downstream").glob("queue.json.bad-*")
+    assert bad.read_text() == torn and any(str(bad) in s for s in said), said
+    assert not second.queued and not queue.exists()
+    second.launch(20, _fake_checkpoint(tmp_path, 20), start=False)
+    assert [r["step"] for r in _queue(tmp_path)["queued"]] == [20]
+    assert sorted(p.name for p in (tmp_path / "downstream").iterdir() if p.is_file()) == ["queue.json", bad.name]
+
+
+def test_the_foreground_command_fails_when_a_fine_tuning_failed(tmp_path, monkeypatch):
+    """Review: wait() and main() exited 0 whatever happened. A failed fine-tuning makes main() exit 1."""
+    from trainer.finetune.downstream import EvalConfig, main
+
+    monkeypatch.setattr("trainer.finetune.downstream.CHAIN_POLL_S", 0.05)
+    new_launcher, log, said = _fake_children(tmp_path, max_running=1)
+    launcher = new_launcher()
+    launcher.cfg = EvalConfig(**{**launcher.cfg.model_dump(), "command_prefix": ["sh", "-c", "exit 3", "child"]})
+    launcher.launch(10, _fake_checkpoint(tmp_path, 10), start=False)
+    launcher.suspend()
+    assert main([str(tmp_path)]) == 1
+    rec = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert rec["split"] == "downstream_failed" and "exit 3" in rec["error"]

@@ -12,10 +12,11 @@ starts ``python -m trainer.finetune`` on the copy, so it is a 1-process job of i
 wait for it. The child deletes its copy, writes TensorBoard (``downstream/<task>_<metric>``, its own event file in
 ``RUN_DIR/tensorboard``), and last its result record into ``RUN_DIR/metrics.jsonl`` (``"split": "downstream"``,
 ``step`` = the pretraining step, ``<task>_<metric>`` = the median score; one ``O_APPEND`` write of a line, which does
-not interleave with the trainer's own line writes on a local or Lustre filesystem): a reader that sees the record finds
-everything else done. The runner writes the child's exit status to ``finetune.exit`` in the task's folder, and a
-failure (non-zero exit, a program that cannot start) to metrics.jsonl (``"split": "downstream_failed"`` with the
-reason): both records are written whether or not the trainer still runs. Rank 0 polls its runners once per step (no
+not interleave with the trainer's own line writes on a local or Lustre filesystem; NFS has no atomic append across
+clients, so writers on different machines can overwrite or interleave each other's lines there): a reader that sees
+the record finds everything else done. The runner writes the child's exit status to ``finetune.exit`` in the task's
+folder, and a failure (non-zero exit, a program that cannot start) to metrics.jsonl (``"split": "downstream_failed"``
+with the reason): both records are written whether or not the trainer still runs. Rank 0 polls its runners once per step (no
 blocking) and prints each finished score or names the log of a failed one; a wrong ``command_prefix`` (no such
 program) is said and recorded at once, and pretraining goes on.
 
@@ -27,9 +28,16 @@ its fine-tunings one after another after the runner it replaces in its slot. A l
 completes (``train.stop_at_step``, preemption, the NaN/Inf guard) starts nothing more and says what waits; the next
 launch starts it. At preemption the copy is hard links only: where they fail, the step is queued referencing the
 checkpoint itself and the next launch makes the copy (a full copy would eat the scheduler's kill grace period). The
-fine-tunings of a runner that died before finishing them (under Slurm, runners die with the job when its batch script
-ends) are queued again by the next launch, or run in the foreground by ``python -m trainer.finetune.downstream
-RUN_DIR``, which waits until nothing runs or waits.
+fine-tunings of a runner that died before finishing them are queued again by the next launch, or run in the foreground
+by ``python -m trainer.finetune.downstream RUN_DIR``, which waits until nothing runs or waits and exits non-zero when
+a fine-tuning failed. It takes the run's lock (``trainer.run_lock``) and is refused while a launch holds it (both would
+start the queue). Under Slurm with proctrack/cgroup the runners die when the trainer's job step (its ``srun``) ends,
+so the slurm/ templates run that command in the batch script after a completed training. A failed checkpoint copy or
+queue.json write is said and recorded, never raised (rank 0 alone would leave the loop).
+
+A runner is recognised by its pid, its start time and the boot id of the machine (Linux ``/proc``) it was started on:
+a runner started on another machine or in another container (another boot id, or a pid namespace of its own) counts as
+dead, and its fine-tunings are queued again (run twice if it does in fact still run).
 
 Where the child runs is ``command_prefix`` (e.g. ``[srun, --overlap, -N1, -n1, --gres=gpu:1]``) and ``env``; by
 default it sees no GPU (``child_env``), so it never lands on rank 0's. This module imports only pydantic and the
@@ -40,9 +48,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,8 +60,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUEUE_FILE = "queue.json"
-"""``RUN_DIR/downstream/queue.json``: the due fine-tunings not started yet (task, data, step, copy), for the next
-launch when this one ends first."""
+"""``RUN_DIR/downstream/queue.json``: ``eval`` (the run's ``EvalConfig``, for ``main``), ``queued`` (the due
+fine-tunings not started yet: task, data, step, copy) and ``running`` (the runners started: pid, start time, boot id
+and their fine-tunings), so a later launch or ``main`` counts live runners against ``max_running`` and starts what is
+left. Written through a temporary file of the writer's own, fsync'd, then ``os.replace``; one that cannot be parsed
+is moved aside to ``queue.json.bad-<UTC time>`` (said), never dropped."""
 CHAIN_POLL_S = 2.0
 """How often a runner looks whether the runners it waits for have ended (and ``wait`` polls)."""
 EXIT_FILE = "finetune.exit"
@@ -89,7 +102,9 @@ class EvalConfig(BaseModel):
     downstream: list[DownstreamTask] = Field(default_factory=list)
     """Tasks fine-tuned on copies of checkpoints in separate processes while pretraining continues."""
     max_running: int = Field(default=1, gt=0)
-    """Children per task running at once; later ones wait in a queue (copies made when due)."""
+    """Runners per task running at once, counted across launches of the run and ``python -m
+    trainer.finetune.downstream RUN_DIR`` (live runners recorded in queue.json hold their slots); later fine-tunings
+    wait in the queue (copies made when due)."""
     command_prefix: list[str] = Field(default_factory=list)
     """Prepended to the child's command, e.g. [srun, --overlap, -N1, -n1] to run it on an allocation's resources."""
     env: dict[str, str] = Field(default_factory=dict)
@@ -198,6 +213,8 @@ class DownstreamLauncher:
         self.cfg, self.run_dir, self.rank, self.say = cfg, Path(run_dir), rank, say
         self.running: list[Runner] = []
         self.queued: list[Job] = []
+        self.failures = 0
+        """Fine-tunings seen failing by this launcher (``main`` exits non-zero when any did)."""
         if rank == 0:
             self._load_queue()
 
@@ -208,18 +225,25 @@ class DownstreamLauncher:
     def _task(self, job) -> DownstreamTask | None:
         return next((t for t in self.cfg.downstream if (t.task, t.data) == (job.task, job.data)), None)
 
-    def _save_queue(self) -> None:
-        """Write the queue and the runners (atomically; removed when both are empty), so a launch that ends before
-        starting a fine-tuning loses none, and the next launch knows which runners still hold slots."""
-        if not self.queued and not self.running:
-            self.queue_file.unlink(missing_ok=True)
-            return
-        state = {"eval": self.cfg.model_dump(mode="json"), "queued": [j.row() for j in self.queued],
-                 "running": [r.row() for r in self.running]}
-        self.queue_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.queue_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
-        tmp.replace(self.queue_file)
+    def _save_queue(self) -> bool:
+        """Write the queue and the runners (removed when both are empty), so a launch that ends before starting a
+        fine-tuning loses none, and the next launch knows which runners still hold slots. Atomic: a temporary file
+        of this process's own (two writers never share one), fsync'd before ``os.replace``, so a crash leaves the old
+        file or the new one, never a torn one. A failed write (full disk, permissions) is said, never raised: it runs
+        on rank 0 only, and an exception there would kill the pretraining. False then."""
+        try:
+            if not self.queued and not self.running:
+                self.queue_file.unlink(missing_ok=True)
+                return True
+            state = {"eval": self.cfg.model_dump(mode="json"), "queued": [j.row() for j in self.queued],
+                     "running": [r.row() for r in self.running]}
+            self.queue_file.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic(self.queue_file, json.dumps(state, indent=1))
+            return True
+        except OSError as err:
+            self.say(f"downstream: could not write {self.queue_file} ({err}); a later launch may not know what this "
+                     "one queued or started. Pretraining continues")
+            return False
 
     def _load_queue(self) -> None:
         """What an earlier launch of this run left: its runners still alive keep their slots (polled like ours);
@@ -228,24 +252,25 @@ class DownstreamLauncher:
         otherwise said and their copies removed."""
         try:
             state = json.loads(self.queue_file.read_text())
+            if isinstance(state, list):  # the first format: the queued rows only
+                state = {"queued": state, "running": []}
+            runners = [Runner(r["task"], r["data"], [Job.from_row(j) for j in r["jobs"]], int(r["pid"]),
+                              r["start"], r["boot_id"]) for r in state.get("running", [])]
+            queued = [Job.from_row(row) for row in state.get("queued", [])]
         except FileNotFoundError:
             return
-        except (OSError, ValueError) as err:
-            self.say(f"downstream: cannot read {self.queue_file} ({err}); its fine-tunings are not started")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            self._set_aside(err)
             return
-        if isinstance(state, list):  # the first format: the queued rows only
-            state = {"queued": state, "running": []}
         rows = []
-        for r in state.get("running", []):
-            runner = Runner(r["task"], r["data"], [Job.from_row(j) for j in r["jobs"]], int(r["pid"]), r["start"],
-                            r["boot_id"])
+        for runner in runners:
             if runner.alive():
                 self.running.append(runner)
                 self.say(f"downstream: runner pid {runner.pid} of an earlier launch still fine-tunes {runner.task} "
                          f"(steps {[j.step for j in runner.jobs]}); it holds one of eval.max_running's slots")
             else:
                 rows += [j for j in runner.jobs if _unfinished(j)]
-        rows += [Job.from_row(row) for row in state.get("queued", [])]
+        rows += queued
         for job in rows:
             task = self._task(job)
             why = None
@@ -271,6 +296,21 @@ class DownstreamLauncher:
                      f"({_listing(self.queued)}): started as eval.max_running allows")
         self._save_queue()
 
+    def _set_aside(self, err: Exception) -> None:
+        """queue.json cannot be read or parsed (a torn write, a crash of NFS, an edit by hand): move it to
+        ``queue.json.bad-<UTC time>`` and say so, with the copies it may name (hard links under downstream/ that
+        hold disk until removed). Dropped silently and then overwritten, they would leak forever."""
+        bad = self.queue_file.with_name(f"{QUEUE_FILE}.bad-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+        try:
+            os.replace(self.queue_file, bad)
+        except OSError as move_err:
+            self.say(f"downstream: cannot read {self.queue_file} ({err}) nor move it aside ({move_err}); its "
+                     "fine-tunings are not started. Look at it by hand")
+            return
+        self.say(f"downstream: cannot read {self.queue_file} ({err}); moved it to {bad}. Its fine-tunings are not "
+                 f"started; their checkpoint copies under {self.queue_file.parent}/global_step*/ hold disk until "
+                 "removed (or rerun them by hand)")
+
     def due(self, step: int) -> bool:
         return any(step % t.every_steps == 0 for t in self.cfg.downstream)
 
@@ -287,9 +327,10 @@ class DownstreamLauncher:
                 job = Job(t.task, t.data, step, dest / tag_dir.name)
                 try:
                     copy_checkpoint(tag_dir, dest, links_only=not start)
-                except OSError:
+                except OSError as err:  # shutil.Error too; on rank 0 only: raised, it would end the pretraining
                     if start:
-                        raise
+                        self._failed(job, f"its checkpoint {tag_dir} could not be copied to {dest} ({err})")
+                        continue
                     job.source = Path(tag_dir)
                 self.queued.append(job)
         self._save_queue()
@@ -325,7 +366,10 @@ class DownstreamLauncher:
         spec = {"run_dir": str(self.run_dir), "poll_s": CHAIN_POLL_S, "jobs": runnable,
                 "wait": [[r.pid, r.start, r.boot_id] for r in wait]}
         for job in jobs:  # a stale exit file from a killed earlier try must not read as this try's
-            (job.out / EXIT_FILE).unlink(missing_ok=True)
+            try:
+                (job.out / EXIT_FILE).unlink(missing_ok=True)
+            except OSError:
+                pass
         try:
             proc = subprocess.Popen([sys.executable, "-m", "trainer.finetune.downstream", "--runner", json.dumps(spec)],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -370,6 +414,7 @@ class DownstreamLauncher:
                     score = _read_score(job.out / "finetune" / _task_dir(job.task) / "results.json")
                     self.say(f"downstream: {job.task} at step {job.step}: {score}")
                 elif code is not None:
+                    self.failures += 1
                     self.say(f"downstream: fine-tuning {job.task} at step {job.step} failed (exit {code}; see "
                              f"{job.out / 'finetune.log'}); pretraining continues")
                 elif _unfinished(job):
@@ -390,6 +435,7 @@ class DownstreamLauncher:
     def _failed(self, job: Job, reason: str) -> None:
         """Say that a fine-tuning failed and why, and append a ``"split": "downstream_failed"`` record with the reason
         to metrics.jsonl (``report``'s one O_APPEND write)."""
+        self.failures += 1
         self.say(f"downstream: fine-tuning {job.task} at step {job.step} failed ({reason}); pretraining continues")
         _record_failure(self.run_dir, job.task, job.step, reason, self.say)
 
@@ -421,9 +467,11 @@ class DownstreamLauncher:
         self.queued = []
         self._save_queue()
         if self.running and os.environ.get("SLURM_JOB_ID"):
-            self.say(f"downstream: under Slurm the fine-tunings still running or queued end with this job; "
-                     f"`python -m trainer.finetune.downstream {self.run_dir}` (in this job's script, or a job of its "
-                     "own) waits for them, and runs again what a killed runner left")
+            self.say(f"downstream: under Slurm these runners most likely die when this job step ends (proctrack/cgroup "
+                     f"kills what is left in the step when the trainer exits); `python -m trainer.finetune.downstream "
+                     f"{self.run_dir}` is what finishes them: the slurm/ templates run it in the batch script after a "
+                     "completed training (elsewhere: in your job script, or a job of its own). It waits for runners "
+                     "still alive and runs again what a killed runner left")
 
     def suspend(self) -> None:
         """The launch ends before the run is complete (train.stop_at_step, preemption): what is queued stays in
@@ -436,13 +484,18 @@ class DownstreamLauncher:
             self.say(f"downstream: {len(self.queued)} fine-tuning(s) not started ({_listing(self.queued)}) wait in "
                      f"{self.queue_file}; the next launch of this run (--resume auto) starts them")
 
-    def wait(self) -> None:
+    def wait(self, trouble=lambda: None) -> int:
         """Start what is queued as slots free up and return when nothing runs or waits (``python -m
-        trainer.finetune.downstream RUN_DIR``)."""
+        trainer.finetune.downstream RUN_DIR``), or when ``trouble()`` names a reason to stop (the run lock lost):
+        the number of fine-tunings seen failing, or -1 when stopped early."""
         while True:
             self.poll()
             if not self.queued and not self.running:
-                return
+                return self.failures
+            why = trouble()
+            if why:
+                self.say(f"downstream: stopped waiting: {why}")
+                return -1
             time.sleep(CHAIN_POLL_S)
 
 
@@ -538,16 +591,49 @@ def main(argv: list[str] | None = None) -> int:
     if args.run_dir is None:
         p.error("RUN_DIR is required")
     queue = args.run_dir / "downstream" / QUEUE_FILE
-    try:
-        cfg = EvalConfig(**json.loads(queue.read_text())["eval"])
-    except FileNotFoundError:
+    if not queue.exists():
         print(f"downstream: {queue} does not exist: nothing waits")
         return 0
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        print(f"downstream: cannot read {queue}: {err}", file=sys.stderr)
-        return 1
-    DownstreamLauncher(cfg, args.run_dir, 0).wait()
-    return 0
+    from trainer.run_lock import RunLock, RunLockedError  # noqa: PLC0415  (standard library only)
+
+    lock = RunLock(args.run_dir)  # the launch's own lock: one of us starts the queue, never both
+    try:
+        lock.acquire()
+    except RunLockedError as err:
+        print(f"downstream: not run: a launch of this run (or another `python -m trainer.finetune.downstream`) "
+              f"holds it and starts its queue itself. {err}", file=sys.stderr)
+        return 2
+    try:
+        try:
+            cfg = EvalConfig(**json.loads(queue.read_text())["eval"])
+        except FileNotFoundError:
+            print(f"downstream: {queue} does not exist: nothing waits")
+            return 0
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            print(f"downstream: cannot read {queue}: {err}", file=sys.stderr)
+            return 1
+        failures = DownstreamLauncher(cfg, args.run_dir, 0).wait(lambda: lock.trouble)
+        if failures:
+            print(f"downstream: {'stopped early' if failures < 0 else f'{failures} fine-tuning(s) failed'} (see "
+                  f"{args.run_dir / 'metrics.jsonl'}, split downstream_failed)", file=sys.stderr)
+        return 1 if failures else 0
+    finally:
+        lock.release()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """``text`` to ``path`` through a temporary file of this process's own (host, pid, random: two writers never
+    share one, as they did ``queue.tmp``), fsync'd before ``os.replace`` so the rename never lands before the data."""
+    tmp = path.with_name(f"{path.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _listing(queued: list[Job]) -> str:
@@ -603,7 +689,8 @@ def report(run_dir: str | Path, summary: dict) -> dict:
 
 
 def _append_record(run_dir: Path, rec: dict) -> None:
-    """One line appended to ``run_dir/metrics.jsonl`` in one O_APPEND write (no interleaving with other writers)."""
+    """One line appended to ``run_dir/metrics.jsonl`` in one O_APPEND write: no interleaving with other writers on one
+    machine or on Lustre; on NFS appends from different clients are not atomic (a line may be overwritten)."""
     fd = os.open(Path(run_dir) / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (json.dumps(rec) + "\n").encode())
