@@ -344,7 +344,12 @@ class Trainer:
                 saved = self.save() if self.may_save("preemption checkpoint", ends_launch=True) else None
                 if self.downstream is not None:  # a due step is queued (hard links: quick); the next launch starts it
                     if saved is not None and self.downstream.due(state.step):
-                        self.downstream.launch(state.step, saved, start=False)
+                        if self.nonfinite_streak:  # saved during a NaN/Inf streak: weights that may be spoiled
+                            self.metrics.message(f"step {state.step}: no downstream fine-tuning of the preemption "
+                                                 f"checkpoint: it was saved during a NaN/Inf streak of "
+                                                 f"{self.nonfinite_streak} step(s)")
+                        else:
+                            self.downstream.launch(state.step, saved, start=False)
                     self.downstream.suspend()
                 said = "checkpoint saved" if saved is not None else f"the next launch resumes from {self._last_name()}"
                 self.metrics.message(f"preempted at step {state.step}: {said}; exiting with status "
