@@ -5,7 +5,8 @@
 #     source "${BERTFAMILY_HOME:-$SLURM_SUBMIT_DIR}/slurm/common.sh"
 #     bf_setup                              # repo, venv, nodes, rendezvous address, GPUs or CPU, signal traps
 #     bf_train "$CONFIG" "$RUN_DIR" "$@"    # one torchrun per node via srun; checkpoint/requeue on signals
-#     bf_finish                             # exit status, self-requeue, or a failure message that says what to do
+#     bf_finish                             # exit status, self-requeue, or a failure message that says what to do;
+#                                           # after a completed training, the eval.downstream fine-tunings it left
 # (bf_check_launch between launches of a multi-phase job returns only if the launch completed.)
 #
 # Every setting is an environment variable with a default, so `VAR=value sbatch slurm/x.sh` (sbatch exports the
@@ -151,6 +152,7 @@ batch host's name, $BF_MASTER_ADDR"
     BF_JOB_TAG="job${SLURM_JOB_ID}-restart${BF_RESTART}"
     BF_RC=0
     BF_SIGNAL=""
+    BF_DONE_RUN_DIRS=()  # run folders whose training completed in this job (bf_downstream)
     trap '_bf_on_signal USR1' USR1
     trap '_bf_on_signal TERM' TERM
     bf_log "job $SLURM_JOB_ID (restart $BF_RESTART) on $BF_NNODES node(s) [$SLURM_JOB_NODELIST]: $BF_NPROC rank(s) per" \
@@ -325,6 +327,9 @@ bf_check_launch() {
     status=$(bf_run_status)
     if [ "$BF_RC" -eq 0 ] && [ -z "$BF_SIGNAL" ]; then
         bf_log "launch finished (trainer status ${status:-unknown}); checkpoint: $(bf_latest_checkpoint)"
+        local dir
+        for dir in ${BF_DONE_RUN_DIRS[@]+"${BF_DONE_RUN_DIRS[@]}"}; do [ "$dir" = "$BF_RUN_DIR" ] && return 0; done
+        BF_DONE_RUN_DIRS+=("$BF_RUN_DIR")
         return 0
     fi
     if [ "$BF_SIGNAL" = USR1 ] || { [ -z "$BF_SIGNAL" ] && [ "$status" = preempted ]; }; then
@@ -370,9 +375,27 @@ bf_check_launch() {
     exit "$BF_RC"
 }
 
-# bf_finish: end the job after its last launch.
+# bf_downstream: the eval.downstream fine-tunings a completed training left (RUN_DIR/downstream/queue.json: queued,
+# or started in runners) run here, in the batch script, until none is left. The runners the trainer started at its
+# end lived in its job step: with proctrack/cgroup Slurm kills what is left in a step when the step (the trainer's
+# srun) ends, so they most likely died; `python -m trainer.finetune.downstream` waits for those still alive and runs
+# again what the dead ones left. A failed fine-tuning is said; the job still shows the training's status. Out of
+# time here, queue.json keeps what is left: run the same command in a job of its own.
+bf_downstream() {
+    local dir
+    for dir in ${BF_DONE_RUN_DIRS[@]+"${BF_DONE_RUN_DIRS[@]}"}; do
+        [ -f "$dir/downstream/queue.json" ] || continue
+        bf_log "downstream fine-tunings of $dir: python -m trainer.finetune.downstream $dir"
+        python -m trainer.finetune.downstream "$dir" \
+            || bf_log "warning: downstream fine-tunings of $dir did not all succeed (messages above; records with" \
+                "\"split\": \"downstream_failed\" in $dir/metrics.jsonl)"
+    done
+}
+
+# bf_finish: end the job after its last launch (and the downstream fine-tunings it left, bf_downstream).
 bf_finish() {
     bf_check_launch
+    bf_downstream
     bf_log "job $SLURM_JOB_ID done: $BF_RUN_DIR"
     exit 0
 }

@@ -172,8 +172,9 @@ def test_two_ranks_equal_one_rank_on_squad(two_rank_finetunes, tmp_path, in_proc
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-def test_downstream_scores_during_pretraining(corpus, tmp_path):
+def test_downstream_scores_during_pretraining(corpus, tmp_path, request):
     run_dir = tmp_path / "run"
+    request.addfinalizer(lambda: _kill_runners(run_dir))  # a failure here must not leave real fine-tunings running
     ner = write_topic_ner(tmp_path / "ner", 16, 16)  # a task of another family (issue 24), once at step 20
     down = (f"eval.downstream=[{{task: rte, data: {corpus / 'rte'}, every_steps: 10, "
             "set: [train.epochs=1, deepspeed.config=ds_configs/zero0.json, optim.lr=1e-3]}, "
@@ -215,6 +216,27 @@ def test_downstream_scores_during_pretraining(corpus, tmp_path):
     from trainer.plot import plot, read_downstream
     assert sorted(read_downstream(run_dir)["rte"]) == [10, 20]
     assert run_dir / "plots" / "downstream.png" in plot(run_dir)
+
+
+def _kill_runners(run_dir: Path) -> list[int]:
+    """Kill the process group (runner and child) of every live runner RUN_DIR/downstream/queue.json names: a runner
+    is a session leader (start_new_session), its group id its pid. The pids killed."""
+    import signal
+
+    from trainer.finetune.downstream import _boot_id, alive
+    try:
+        running = json.loads((run_dir / "downstream" / "queue.json").read_text()).get("running", [])
+    except (OSError, ValueError):
+        return []
+    killed = []
+    for r in running:
+        if r.get("boot_id") == _boot_id() and alive(int(r["pid"]), r.get("start")):
+            try:
+                os.killpg(int(r["pid"]), signal.SIGKILL)
+                killed.append(int(r["pid"]))
+            except OSError:
+                pass
+    return killed
 
 
 @pytest.fixture(scope="module")
@@ -637,3 +659,39 @@ def test_the_foreground_command_fails_when_a_fine_tuning_failed(tmp_path, monkey
     assert main([str(tmp_path)]) == 1
     rec = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert rec["split"] == "downstream_failed" and "exit 3" in rec["error"]
+
+
+def test_the_slurm_job_runs_what_a_completed_training_left(tmp_path):
+    """Review: under Slurm with proctrack/cgroup the runners the trainer starts at its end die with its job step. The
+    batch script (slurm/common.sh bf_finish -> bf_downstream) runs `python -m trainer.finetune.downstream RUN_DIR`
+    after a completed training, once per run folder, only where queue.json shows something left."""
+    left, done = tmp_path / "run a", tmp_path / "run b"
+    (left / "downstream").mkdir(parents=True)
+    (left / "downstream" / "queue.json").write_text("{}")
+    done.mkdir()
+    script = f"""
+        set -uo pipefail
+        source {REPO / 'slurm' / 'common.sh'}
+        python() {{ echo "python $*" >> {tmp_path / 'calls'}; }}
+        bf_run_status() {{ echo completed; }}
+        bf_latest_checkpoint() {{ echo none; }}
+        BF_RC=0 BF_SIGNAL="" BF_DONE_RUN_DIRS=()
+        for BF_RUN_DIR in "{left}" "{done}" "{left}"; do bf_check_launch; done
+        bf_downstream
+    """
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "calls").read_text().splitlines() == [f"python -m trainer.finetune.downstream {left}"]
+
+
+def test_the_slow_test_s_teardown_kills_the_runners_left(tmp_path):
+    """The teardown of test_downstream_scores_during_pretraining (``_kill_runners``) ends the runners queue.json
+    names, children included, so a failed run of it leaves no fine-tuning behind."""
+    new_launcher, log, said = _fake_children(tmp_path, max_running=1)
+    launcher = new_launcher()
+    launcher.launch(10, _fake_checkpoint(tmp_path, 10))
+    launcher.finish()
+    assert _events(log, 1) == [("start", 10)]  # blocked on the gate, never opened
+    runner = launcher.running[0]
+    assert _kill_runners(tmp_path) == [runner.pid]
+    assert runner.proc.wait(timeout=10) == -9 and not runner.alive()
