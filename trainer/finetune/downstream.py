@@ -16,9 +16,9 @@ not interleave with the trainer's own line writes on a local or Lustre filesyste
 clients, so writers on different machines can overwrite or interleave each other's lines there): a reader that sees
 the record finds everything else done. The runner writes the child's exit status to ``finetune.exit`` in the task's
 folder, and a failure (non-zero exit, a program that cannot start) to metrics.jsonl (``"split": "downstream_failed"``
-with the reason): both records are written whether or not the trainer still runs. Rank 0 polls its runners once per step (no
-blocking) and prints each finished score or names the log of a failed one; a wrong ``command_prefix`` (no such
-program) is said and recorded at once, and pretraining goes on.
+with the reason): both records are written whether or not the trainer still runs. Rank 0 polls its runners once per
+step (no blocking) and prints each finished score or names the log of a failed one; a wrong ``command_prefix`` (no
+such program) is said and recorded at once, and pretraining goes on.
 
 At most ``max_running`` runners per task run at once, counted across launches: ``RUN_DIR/downstream/queue.json``
 holds the runners started (pid and process start time, which together name one process where a pid may be reused)
@@ -40,8 +40,9 @@ a runner started on another machine or in another container (another boot id, or
 dead, and its fine-tunings are queued again (run twice if it does in fact still run).
 
 Where the child runs is ``command_prefix`` (e.g. ``[srun, --overlap, -N1, -n1, --gres=gpu:1]``) and ``env``; by
-default it sees no GPU (``child_env``), so it never lands on rank 0's. This module imports only pydantic and the
-standard library at import time (it holds a config section).
+default it sees no GPU (``child_env``), so it never lands on rank 0's. This module (the launcher side) imports only
+pydantic and the standard library at import time (it holds a config section); the runner side, the queue's records
+and the metrics.jsonl records are in ``downstream_runner.py``.
 """
 from __future__ import annotations
 
@@ -53,10 +54,13 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from trainer.finetune.downstream_runner import (EXIT_FILE, Job, Runner, _boot_id, _exit_code,  # noqa: F401
+                                                _record_failure, _unfinished, alive, process_start, report, run_chain,
+                                                score_record)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUEUE_FILE = "queue.json"
@@ -67,9 +71,6 @@ left. Written through a temporary file of the writer's own, fsync'd, then ``os.r
 is moved aside to ``queue.json.bad-<UTC time>`` (said), never dropped."""
 CHAIN_POLL_S = 2.0
 """How often a runner looks whether the runners it waits for have ended (and ``wait`` polls)."""
-EXIT_FILE = "finetune.exit"
-"""``RUN_DIR/downstream/global_step<s>/<task>/finetune.exit``: the child's exit status, written by its runner."""
-# Variables through which a launcher makes a process a rank of its job; the child must start a job of its own.
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
                   "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS",
                   "SLURM_LOCALID", "CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")
@@ -148,58 +149,6 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(extra)
     return env
-
-
-@dataclass
-class Job:
-    """One fine-tuning: ``task`` and ``data`` name the ``eval.downstream`` entry, ``copy`` the checkpoint copy the
-    child reads (its folder ``copy.parent`` gets finetune.log, finetune/ and ``EXIT_FILE``). ``source``: the original
-    checkpoint when the copy is not made yet (a preemption whose hard links failed: the next launch copies it)."""
-
-    task: str
-    data: str
-    step: int
-    copy: Path
-    source: Path | None = None
-
-    @property
-    def out(self) -> Path:
-        return self.copy.parent
-
-    def row(self) -> dict:
-        row = {"task": self.task, "data": self.data, "step": self.step, "copy": str(self.copy)}
-        if self.source is not None:
-            row["source"] = str(self.source)
-        return row
-
-    @classmethod
-    def from_row(cls, row: dict) -> Job:
-        return cls(row["task"], row["data"], int(row["step"]), Path(row["copy"]),
-                   Path(row["source"]) if row.get("source") else None)
-
-
-@dataclass
-class Runner:
-    """A runner process (``python -m trainer.finetune.downstream --runner``) holding one slot of its task: it runs
-    ``jobs`` one after another. ``proc`` is set when this launch started it; otherwise (an earlier launch's) it is
-    known by ``pid`` and its start time (field 22 of /proc/PID/stat) on the machine of ``boot_id``."""
-
-    task: str
-    data: str
-    jobs: list[Job]
-    pid: int
-    start: int | None
-    boot_id: str
-    proc: subprocess.Popen | None = None
-
-    def alive(self) -> bool:
-        if self.proc is not None:
-            return self.proc.poll() is None
-        return self.boot_id == _boot_id() and alive(self.pid, self.start)
-
-    def row(self) -> dict:
-        return {"task": self.task, "data": self.data, "pid": self.pid, "start": self.start, "boot_id": self.boot_id,
-                "jobs": [j.row() for j in self.jobs]}
 
 
 class DownstreamLauncher:
@@ -499,82 +448,6 @@ class DownstreamLauncher:
             time.sleep(CHAIN_POLL_S)
 
 
-def process_start(pid: int) -> int | None:
-    """The start time of a live, non-zombie process (field 22 of /proc/PID/stat, clock ticks after boot): with the
-    pid it names one process, where the pid alone may name an unrelated one that reused it; None if none."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()  # the name may hold spaces and parentheses
-    if fields[0] in ("Z", "X"):  # a zombie (a container's PID 1 may never reap an orphan) has ended
-        return None
-    return int(fields[19])
-
-
-def alive(pid: int, start: int | None) -> bool:
-    """Whether the process of ``pid`` that started at ``start`` still runs (not a later one that reused the pid)."""
-    return start is not None and process_start(pid) == start
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _exit_code(job: Job) -> int | None:
-    try:
-        return int((job.out / EXIT_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _unfinished(job: Job) -> bool:
-    """No exit status written and its checkpoint (copy or original) still there: it never ran to its end."""
-    return _exit_code(job) is None and (job.source or job.copy).is_dir()
-
-
-def _record_failure(run_dir: Path, task: str, step: int, reason: str, say=print) -> None:
-    rec = {"step": step, "split": "downstream_failed", "task": task, "error": reason}
-    try:
-        _append_record(run_dir, rec)
-    except OSError as err:
-        say(f"downstream: could not record that failure in {run_dir / 'metrics.jsonl'}: {err}")
-
-
-def run_chain(spec: dict) -> int:
-    """The runner: wait for the processes of ``spec["wait"]`` (pid and start time) to end, then run each
-    fine-tuning one after another; a child's exit status goes to its folder's ``EXIT_FILE``, and a failure (a
-    non-zero exit, a program that cannot start) to metrics.jsonl as ``"split": "downstream_failed"`` (the child
-    appends its score itself). It outlives the trainer, so the record does not depend on it."""
-    run_dir = Path(spec["run_dir"])
-    for pid, start, boot in spec["wait"]:
-        while boot == _boot_id() and alive(pid, start):
-            time.sleep(spec["poll_s"])
-    for job in spec["jobs"]:
-        out, cmd = Path(job["copy"]).parent, job["cmd"]
-        try:
-            with open(out / "finetune.log", "w") as log:
-                code = subprocess.call(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-            reason = f"exit {code}; see {out / 'finetune.log'}"
-        except OSError as err:
-            code, reason = 127, f"could not start {cmd[0]!r}: {err}"
-            try:
-                (out / "finetune.log").write_text(f"{reason}\ncommand: {' '.join(cmd)}\n")
-            except OSError:
-                pass
-            shutil.rmtree(job["copy"], ignore_errors=True)
-        if code != 0:
-            _record_failure(run_dir, job["task"], job["step"], reason)
-        try:
-            (out / EXIT_FILE).write_text(f"{code}\n")
-        except OSError:
-            pass
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m trainer.finetune.downstream RUN_DIR``: run, in the foreground, what the run's queue.json holds
     (queued fine-tunings, those of runners killed before finishing them), ``max_running`` per task as the
@@ -655,47 +528,6 @@ def _read_score(path: Path) -> str:
         return " ".join(f"{m}={100 * v:.2f}" for m, v in rec["best"][rec["selection_split"]].items())
     except (OSError, ValueError, KeyError) as err:
         return f"(no readable results at {path}: {err})"
-
-
-def score_record(summary: dict) -> dict:
-    """The metrics.jsonl record of a finished fine-tuning: the best setting's medians, ``<task>_<metric>`` keys
-    (``<task>_<split>_<metric>`` for splits after the first, e.g. MNLI's mismatched)."""
-    task = summary["task"].replace("-", "")
-    rec = {"step": summary["pretraining_step"], "split": "downstream", "task": summary["task"]}
-    for i, (split, scores) in enumerate(summary["best"].items()):
-        for metric, value in scores.items():
-            rec[f"{task}_{metric}" if i == 0 else f"{task}_{split}_{metric}"] = value
-    rec["setting"] = summary["best_setting"]
-    return rec
-
-
-def report(run_dir: str | Path, summary: dict) -> dict:
-    """Write the score to TensorBoard, then append it to the pretraining run's metrics.jsonl (one O_APPEND write):
-    the record comes last, so a reader that sees it finds the event file complete and closed."""
-    run_dir = Path(run_dir)
-    rec = score_record(summary)
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        SummaryWriter = None
-    if SummaryWriter is not None:
-        writer = SummaryWriter(str(run_dir / "tensorboard"), filename_suffix=f".downstream{os.getpid()}")
-        for key, value in rec.items():
-            if isinstance(value, float):
-                writer.add_scalar(f"downstream/{key}", value, rec["step"])
-        writer.close()
-    _append_record(run_dir, rec)
-    return rec
-
-
-def _append_record(run_dir: Path, rec: dict) -> None:
-    """One line appended to ``run_dir/metrics.jsonl`` in one O_APPEND write: no interleaving with other writers on one
-    machine or on Lustre; on NFS appends from different clients are not atomic (a line may be overwritten)."""
-    fd = os.open(Path(run_dir) / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(rec) + "\n").encode())
-    finally:
-        os.close(fd)
 
 
 if __name__ == "__main__":
