@@ -695,3 +695,22 @@ def test_the_slow_test_s_teardown_kills_the_runners_left(tmp_path):
     runner = launcher.running[0]
     assert _kill_runners(tmp_path) == [runner.pid]
     assert runner.proc.wait(timeout=10) == -9 and not runner.alive()
+
+
+def test_a_preemption_checkpoint_saved_during_a_nan_streak_is_not_fine_tuned(tmp_path):
+    """Review: the preemption path queued the due step's checkpoint for fine-tuning even when it was saved during a
+    NaN/Inf streak (the launch-ending save is let through): spoiled weights scored as the run's. Said and skipped."""
+    from types import SimpleNamespace
+
+    from trainer.loop import Trainer
+
+    launched, said = [], []
+    downstream = SimpleNamespace(due=lambda step: step % 10 == 0,
+                                 launch=lambda step, saved, start: launched.append((step, saved, start)))
+    fake = SimpleNamespace(state=SimpleNamespace(step=10), nonfinite_streak=2, downstream=downstream,
+                           metrics=SimpleNamespace(message=said.append))
+    Trainer._downstream_at_preemption(fake, tmp_path / "global_step10")
+    assert launched == [] and "NaN/Inf streak of 2" in said[0], said
+    fake.nonfinite_streak = 0
+    Trainer._downstream_at_preemption(fake, tmp_path / "global_step10")
+    assert launched == [(10, tmp_path / "global_step10", False)]

@@ -270,6 +270,19 @@ class Trainer:
                              f"had a NaN/Inf loss or gradient (the newest checkpoint stays {self._last_name()})")
         return False
 
+    def _downstream_at_preemption(self, saved: Path | None) -> None:
+        """Queue the preemption checkpoint for downstream fine-tuning when its step is due (the next launch starts
+        it), unless it was saved during a NaN/Inf streak (``may_save`` lets the launch-ending save through): weights
+        that may be spoiled would be scored as the run's."""
+        step = self.state.step
+        if saved is None or not self.downstream.due(step):
+            return
+        if self.nonfinite_streak:
+            self.metrics.message(f"step {step}: no downstream fine-tuning of the preemption checkpoint: it was saved "
+                                 f"during a NaN/Inf streak of {self.nonfinite_streak} step(s)")
+            return
+        self.downstream.launch(step, saved, start=False)
+
     def _last_name(self) -> str:
         return str(self.last_checkpoint) if self.last_checkpoint is not None else "none: nothing saved yet"
 
@@ -343,13 +356,7 @@ class Trainer:
             if result.preempt:  # save first and only: evaluation would eat into the scheduler's grace (KillWait)
                 saved = self.save() if self.may_save("preemption checkpoint", ends_launch=True) else None
                 if self.downstream is not None:  # a due step is queued (hard links: quick); the next launch starts it
-                    if saved is not None and self.downstream.due(state.step):
-                        if self.nonfinite_streak:  # saved during a NaN/Inf streak: weights that may be spoiled
-                            self.metrics.message(f"step {state.step}: no downstream fine-tuning of the preemption "
-                                                 f"checkpoint: it was saved during a NaN/Inf streak of "
-                                                 f"{self.nonfinite_streak} step(s)")
-                        else:
-                            self.downstream.launch(state.step, saved, start=False)
+                    self._downstream_at_preemption(saved)
                     self.downstream.suspend()
                 said = "checkpoint saved" if saved is not None else f"the next launch resumes from {self._last_name()}"
                 self.metrics.message(f"preempted at step {state.step}: {said}; exiting with status "
