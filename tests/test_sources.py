@@ -4,13 +4,12 @@ import bz2
 import gzip
 import json
 import os
-import re
 from collections import Counter
 
 import pytest
 import zstandard
 
-from data_prep import input_files, sentences, sources
+from data_prep import input_files, sources
 from data_prep.sentences import split_sentences
 
 
@@ -267,36 +266,15 @@ def test_expand_inputs_names_each_file_once_and_takes_odd_names_and_symlinked_fo
     assert input_files.expand_inputs(["linked"]) == ["linked/ext/c.txt"]
 
 
-# The splitter as it was before it was made linear (reviewer bug 9), as the reference its output must equal.
-_OLD_EN_END = r"[.!?]+[\"'”’)\]]*(?=\s+[\"'“‘(\[]?[A-Z0-9" + sentences._CJK + r"])"
-_OLD_BOUNDARY = re.compile(f"{sentences._ZH_END}|{_OLD_EN_END}|" + r"[!?]+(?=[" + sentences._CJK + r"])")
-_OLD_WORD_BEFORE = re.compile(r"([A-Za-z][A-Za-z.]*)$")
-
-
-def _old_is_abbreviation(text, dot_at):
-    match = _OLD_WORD_BEFORE.search(text, 0, dot_at)
-    if match is None:
-        return False
-    word = match.group(1)
-    if len(word) == 1 and word.isupper():
-        return True
-    if "." in word and all(len(part) <= 2 for part in word.split(".")):
-        return True
-    return word.lower() in sentences.ABBREVIATIONS
-
-
-def _old_split_sentences(line):
-    pieces, start = [], 0
-    for match in _OLD_BOUNDARY.finditer(line):
-        text = match.group(0)
-        if text[0] == "." and text.rstrip("\"'”’)]") == "." and _old_is_abbreviation(line, match.start()):
-            continue
-        piece = line[start:match.end()].strip()
-        if piece:
-            pieces.append(piece)
-        start = match.end()
-    rest = line[start:].strip()
-    return pieces + [rest] if rest else pieces
+def _reference_splitter():
+    """The splitter as it was before it was made linear (reviewer bug 9), the reference its output must equal: kept
+    once, in bench/sentences.py, which times the two against each other."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "bench_sentences", os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench", "sentences.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_sentence_splitting_is_linear_and_unchanged(en_corpus, zh_corpus):
@@ -316,7 +294,8 @@ def test_sentence_splitting_is_linear_and_unchanged(en_corpus, zh_corpus):
     alphabet = [".", "!", "?", "。", "！", "…", '"', "'", "”", ")", " ", "  ", "\n", "A", "a", "Mr", "U", "1",
                 "好", "e.g", "(", "x.y", "No"]
     paragraphs += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 30))) for _ in range(10000)]
-    assert [split_sentences(p) for p in paragraphs] == [_old_split_sentences(p) for p in paragraphs]
+    old_split = _reference_splitter().old_split
+    assert [split_sentences(p) for p in paragraphs] == [old_split(p) for p in paragraphs]
     script = ("from data_prep.sentences import split_sentences as s\n"
               "for line in ['.' * 2**20, '!' * 2**20 + 'x', '?!' * 2**19, 'A. B. c' + '. ' * 2**19 + 'a',"
               " 'word. Next ' * 100_000, ('?' * 1000 + '好') * 1000]:\n"
@@ -348,7 +327,7 @@ def test_the_word_before_a_stop_is_found_in_a_window_as_the_search_from_the_line
     import re as std_re
 
     from data_prep.sentences import _word_before
-    whole = std_re.compile(r"([A-Za-z][A-Za-z.]*)$")
+    whole = _reference_splitter()._OLD_WORD_BEFORE
     rng = random.Random(0)
     for _ in range(20000):
         text = "".join(rng.choice("ab.. .\nZ!,") if rng.random() < 0.9 else rng.choice("abc.") * rng.randint(1, 150)
