@@ -4,8 +4,8 @@
 The moments and step counts come from the checkpoint; each param group's settings (betas, eps, weight decay, LAMB's
 trust-ratio exclusion) come from the config of the resuming launch, as they would for a fresh start. DeepSpeed's load
 put the checkpoint's there (and its ZeRO-3 universal load group 0's on every group, with one ``step`` tensor shared
-by every sub-group): trainer/engine.py ``restore_group_settings`` / ``untie_state_tensors``. Also: a preemption
-that arrives while such a resume converts its checkpoint to the universal form.
+by every sub-group): trainer/optim/after_load.py ``restore_group_settings`` / ``untie_state_tensors``. Also: a
+preemption that arrives while such a resume converts its checkpoint to the universal form.
 """
 from __future__ import annotations
 
