@@ -83,3 +83,29 @@ def test_heads_start_from_the_source(head):
     scratch = build_task_model(source, head, 4, dropout=None, classifier_dropout=0.1, from_scratch=True)
     assert not torch.equal(scratch.encoder.state_dict()["attention.0.qkv.weight"],
                            pretrained.encoder.state_dict()["attention.0.qkv.weight"])
+
+
+@pytest.mark.parametrize("unpad", [True, False])
+@pytest.mark.parametrize("head", ["span", "token", "choice", "sequence"])
+def test_host_packing_gives_the_models_own_outputs_without_packing_inside(head, unpad, monkeypatch):
+    """Fine-tuning batches reach the encoder with their packing computed on the CPU (``device_batch``), as the
+    pretraining loop's do: an ``unpad`` model would otherwise find the real tokens on the GPU at every forward (two
+    ``nonzero`` and a ``tolist``: host syncs). The outputs are the ones the model computes for itself, for every head,
+    with padded rows and with none."""
+    from trainer.finetune.kind_base import device_batch, run_model
+    from trainer.models import encoder as encoder_module
+    cfg = config("bert").replace(unpad=unpad)
+    torch.manual_seed(0)
+    model = perturbed(Classifier(cfg, 3) if head == "sequence" else TaskModel(cfg, head, 3))
+    for shape in ((3, 2, 12), (3, 2, 9)) if head == "choice" else ((3, 12), (4, 9)):
+        ids, mask, types = inputs(cfg, shape)
+        if shape[-1] == 9:  # no row padded: the host packing lets the encoder drop the mask altogether
+            mask.fill_(1)
+        with torch.no_grad():
+            expected = model(ids, mask, types)
+            moved = device_batch({"input_ids": ids, "attention_mask": mask, "token_type_ids": types}, "cpu")
+            assert (moved["packing"].batch, moved["packing"].seqlen) == (ids.numel() // shape[-1], shape[-1])
+            with monkeypatch.context() as m:
+                m.setattr(encoder_module, "pack", lambda *a, **k: pytest.fail("the encoder packed the batch itself"))
+                got = run_model(model, moved)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

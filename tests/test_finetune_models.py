@@ -318,3 +318,28 @@ def test_released_tokenizer_layouts_without_tokenizer_json(family, kind, layout,
     (exported,) = (out / "export").iterdir()
     config = json.loads((exported / "config.json").read_text())
     assert config["id2label"] == {"0": "entailment", "1": "not_entailment"}
+
+
+def test_fine_tuning_an_unpadded_model_packs_its_batches_on_the_host(work, tmp_path, clean_env, monkeypatch):
+    """An ``unpad`` checkpoint (every GPU recipe's) fine-tunes with each training and evaluation batch packed on the
+    CPU before it is moved (``kind_base.device_batch``): the encoder never packs one itself, which on a GPU is two
+    ``nonzero`` and a ``tolist`` (host syncs) per forward. On the CPU this proves the packing is handed over, not
+    what a GPU's stream does with it."""
+    from data_prep.tokenizer import load_tokenizer
+    from trainer.models import encoder as encoder_module
+    tok = load_tokenizer(work / "wordpiece")
+    cfg = get_preset("tiny", vocab_size=tok.vocab_size, pad_token_id=tok.pad_id, dropout=0.0, attention_dropout=0.0,
+                     unpad=True)
+    torch.manual_seed(0)
+    folder = tmp_path / "src"
+    save_model_folder(perturbed(PretrainingModel(cfg, BERT_HEADS)), cfg, folder)
+    for f in (work / "wordpiece").iterdir():
+        shutil.copy(f, folder / f.name)
+    monkeypatch.setattr(encoder_module, "pack", lambda *a, **k: pytest.fail("the encoder packed a batch itself"))
+    code = finetune_main(["--checkpoint", str(folder), "--task", "mrpc", "--data", str(work / "mrpc"),
+                          "--set", f"run_dir={tmp_path / 'run'}", "--set", "train.epochs=1",
+                          "--set", "train.global_batch_size=16", "--set", "train.micro_batch_size=8",
+                          "--set", "deepspeed.config=ds_configs/zero0.json"])
+    assert code == 0
+    (run,) = json.loads((tmp_path / "run" / "finetune" / "mrpc" / "results.json").read_text())["runs"]
+    assert run["steps"] == 3 and set(run["metrics"]["dev"]) == {"f1", "accuracy"}

@@ -49,12 +49,12 @@ class TaskModel(nn.Module):
             if name != "encoder":
                 module.apply(lambda m: init_weights(m, cfg))
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, packing=None):
         if self.kind == "choice":
             b, c, t = input_ids.shape
             flat = [x.reshape(b * c, t) if x is not None else None for x in (input_ids, attention_mask, token_type_ids)]
-            return self.head(self.encoder(*flat)).view(b, c)
-        hidden = self.encoder(input_ids, attention_mask, token_type_ids)
+            return self.head(self.encoder(*flat, packing=packing)).view(b, c)
+        hidden = self.encoder(input_ids, attention_mask, token_type_ids, packing=packing)
         if self.kind == "span":
             return self.qa_outputs(hidden)
         return self.classifier(self.dropout(hidden))

@@ -28,6 +28,26 @@ def pair_overhead(family: str, pair: bool) -> int:
     return (4 if family == "roberta" else 3) if pair else 2
 
 
+def run_model(model, batch: dict) -> torch.Tensor:
+    """The task model on a batch: its ids, mask and segment ids, and the ``packing`` that ``device_batch`` computed
+    on the host (without it an ``unpad`` model finds the real tokens on the device: two ``nonzero`` and a ``tolist``,
+    host syncs, per forward)."""
+    return model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], packing=batch.get("packing"))
+
+
+def device_batch(batch: dict, device) -> dict:
+    """A collated CPU batch on ``device``, with its ``Packing`` (``trainer.models.kernels.pack`` of the attention
+    mask, as the pretraining loop attaches one) computed first, on the host, where finding the real tokens costs no
+    device sync. A multiple-choice mask [B, C, T] is packed as the [B*C, T] rows the encoder sees."""
+    from trainer.models.kernels import Packing, pack
+
+    mask = batch.get("attention_mask")
+    if torch.is_tensor(mask) and mask.device.type == "cpu" and mask.dim() in (2, 3) and "packing" not in batch:
+        batch = {**batch, "packing": pack(mask.reshape(-1, mask.shape[-1]))}
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) or isinstance(v, Packing) else v
+            for k, v in batch.items()}
+
+
 def pad_rows(rows: list[list[int]], value: int, width: int | None = None) -> torch.Tensor:
     width = width or max(len(r) for r in rows)
     out = torch.full((len(rows), width), value, dtype=torch.long)

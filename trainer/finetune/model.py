@@ -208,8 +208,8 @@ class Classifier(nn.Module):
         self.encoder = Encoder(cfg)
         self.head = ClassificationHead(cfg, num_labels, classifier_dropout)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
-        return self.head(self.encoder(input_ids, attention_mask, token_type_ids))
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, packing=None):
+        return self.head(self.encoder(input_ids, attention_mask, token_type_ids, packing=packing))
 
 
 def finetune_config(source: Source, dropout: float | None) -> ModelConfig:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.finetune.kind_base import TaskKind, choice_loss, pad_rows, pair_ids, pair_overhead
+from trainer.finetune.kind_base import run_model, TaskKind, choice_loss, pad_rows, pair_ids, pair_overhead
 from trainer.finetune.tasks import TaskDataError
 
 
@@ -174,11 +174,11 @@ class _ChoiceKind(TaskKind):
                 "labels": torch.tensor([data.labels[i] for i in idx])}
 
     def loss(self, model, batch):
-        return choice_loss(model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]),
+        return choice_loss(run_model(model, batch),
                            batch["labels"])
 
     def outputs(self, model, batch):
-        return model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).argmax(-1).tolist()
+        return run_model(model, batch).argmax(-1).tolist()
 
     def score(self, outputs, data):
         right = [int(p == y) for p, y in zip(outputs, data.labels, strict=True)]

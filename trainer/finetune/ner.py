@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.finetune.conlleval import check_tag, evaluate
-from trainer.finetune.kind_base import IGNORE, TaskKind, pad_rows
+from trainer.finetune.kind_base import run_model, IGNORE, TaskKind, pad_rows
 from trainer.finetune.tasks import TaskDataError, read_lines
 
 FILES = {"train": "train.txt", "dev": "dev.txt", "test": "test.txt"}
@@ -175,11 +175,11 @@ class NerKind(TaskKind):
                 "index": torch.tensor(idx)}
 
     def loss(self, model, batch):
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).float()
+        logits = run_model(model, batch).float()
         return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE)
 
     def outputs(self, model, batch):
-        pred = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).argmax(-1).tolist()
+        pred = run_model(model, batch).argmax(-1).tolist()
         return [row for row in pred]
 
     def score(self, outputs, data):

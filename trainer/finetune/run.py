@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainer.finetune.kind_base import TaskKind
+from trainer.finetune.kind_base import TaskKind, device_batch, run_model
 from trainer.finetune.metrics import compute
 from trainer.finetune.tasks import Example, TaskSpec
 
@@ -73,8 +73,7 @@ def collate(data: Encoded, idx, pad_id: int, regression: bool) -> dict[str, torc
 
 
 def task_loss(model, batch: dict) -> torch.Tensor:
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   token_type_ids=batch["token_type_ids"]).float()
+    logits = run_model(model, batch).float()
     if batch["labels"].dtype.is_floating_point:
         return F.mse_loss(logits.squeeze(-1), batch["labels"])
     return F.cross_entropy(logits, batch["labels"])
@@ -109,8 +108,7 @@ class ClassificationKind(TaskKind):
         return task_loss(model, batch)
 
     def outputs(self, model, batch):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       token_type_ids=batch["token_type_ids"]).float()
+        logits = run_model(model, batch).float()
         return logits.squeeze(-1).tolist() if self.spec.is_regression else logits.argmax(-1).tolist()
 
     def score(self, outputs, data):
@@ -148,7 +146,7 @@ def evaluate(engine, data, kind, batch_size: int, pad_id: int, rank: int, world:
     preds: list = []
     for start in range(0, len(mine), batch_size):
         idx = mine[start:start + batch_size]
-        batch = {k: v.to(engine.device) for k, v in kind.collate(data, idx, pad_id).items()}
+        batch = device_batch(kind.collate(data, idx, pad_id), engine.device)
         preds += engine(kind.outputs, batch)
     engine.train(True)
     pairs = list(zip(mine, preds))
@@ -199,7 +197,7 @@ def run_one(cfg, source, spec: TaskSpec, train: Encoded, devs: dict[str, Encoded
         for k in range(grad_accum):
             lo = (k * world + rank) * micro
             batch = kind.collate(train, stream[step, lo:lo + micro].tolist(), pad_id)
-            loss = engine(kind.loss, {key: v.to(engine.device) for key, v in batch.items()})
+            loss = engine(kind.loss, device_batch(batch, engine.device))
             engine.backward(loss)
             engine.step()
             part = loss.detach().double()

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trainer.finetune.kind_base import TaskKind, pad_rows, pair_overhead
+from trainer.finetune.kind_base import run_model, TaskKind, pad_rows, pair_overhead
 from trainer.finetune.squad_metrics import CJK, squad_scores
 from trainer.finetune.tasks import TaskDataError
 
@@ -251,12 +251,12 @@ class SquadKind(TaskKind):
                 "end_positions": torch.tensor([data.ends[i] for i in idx])}
 
     def loss(self, model, batch):
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).float()
+        logits = run_model(model, batch).float()
         start, end = logits.unbind(-1)
         return (F.cross_entropy(start, batch["start_positions"]) + F.cross_entropy(end, batch["end_positions"])) / 2
 
     def outputs(self, model, batch):
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).float()
+        logits = run_model(model, batch).float()
         lengths = batch["attention_mask"].sum(-1).tolist()
         return [(row[:n, 0].tolist(), row[:n, 1].tolist()) for row, n in zip(logits.cpu(), lengths)]
 
