@@ -39,6 +39,9 @@ bf_setup
 BF_RUN_DIR=$RUN_DIR/phase1 BF_LOG_DIR=""
 if [ "$(bf_run_status)" = completed ]; then
     bf_log "phase 1 already completed ($(bf_latest_checkpoint)); going on with phase 2"
+    # the fine-tunings phase 1 left: the job that completed it was requeued (phase 2 preempted) before its end, where
+    # they run (bf_finish -> bf_downstream)
+    BF_DONE_RUN_DIRS+=("$RUN_DIR/phase1")
 else
     bf_log "phase 1: $PHASE1_CONFIG"
     bf_train "$PHASE1_CONFIG" "$RUN_DIR/phase1" "$@"

@@ -182,3 +182,31 @@ def test_the_checkpoint_the_jobs_name_is_the_newest_complete_one_not_what_latest
     assert proc.returncode == 0 and proc.stdout.strip() == str(root / "global_step8"), proc.stdout + proc.stderr
     proc = common(tmp_path, f'BF_RUN_DIR="{tmp_path / "empty"}"; bf_latest_checkpoint')
     assert proc.stdout.strip() == "none"
+
+
+def test_a_requeued_bert_base_job_runs_the_fine_tunings_a_completed_phase_1_left(tmp_path):
+    """A job that completes phase 1 and is preempted in phase 2 requeues before its end, where the fine-tunings the
+    completed trainings left are run (bf_downstream). The requeued job skips the completed phase 1, and ran only phase
+    2's: phase 1's queued fine-tunings were never run. Both run folders are handed to
+    `python -m trainer.finetune.downstream` now (which does nothing for a folder with none left)."""
+    run = tmp_path / "runs" / "b"
+    ckpt = run / "phase1" / "checkpoints" / "global_step8"
+    ckpt.mkdir(parents=True)
+    (ckpt / "bertfamily.json").write_text("{}")
+    (run / "phase1" / "status.json").write_text('{"status": "completed", "step": 8}')
+    for phase in ("phase1", "phase2"):
+        (run / phase / "downstream").mkdir(parents=True)
+        (run / phase / "downstream" / "queue.json").write_text("[]")
+    real = sys.executable
+    fakes = {"scontrol": 'if [ "$1 $2" = "show hostnames" ]; then echo n1; else echo "NodeName=n1 NodeAddr=10.0.0.1"; fi',
+             "torchrun": 'echo "usage: torchrun [--signals-to-handle S] [--shutdown-timeout T]"',
+             "python": 'if [ "$1 $2" = "-m trainer.finetune.downstream" ]; then echo "$3" >> "$BF_DOWNSTREAM"; exit 0; fi\n'
+                       f'case "$1" in -|-c) exec "{real}" "$@";; esac\nexit 0',
+             "srun": f'echo \'{{"status": "completed", "step": 4}}\' > "{run}/phase2/status.json"'}
+    env = {"SLURM_JOB_ID": "79", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1", "SLURM_RESTART_COUNT": "1",
+           "BERTFAMILY_HOME": str(REPO), "BERTFAMILY_VENV": "none", "BUILD_INDEX": "0", "RUN_DIR": str(run),
+           "BF_DOWNSTREAM": str(tmp_path / "downstream_runs")}
+    proc = common(tmp_path, f'bash {REPO}/slurm/bert_base.sh', env=env, fakes=fakes, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "phase 1 already completed" in proc.stdout
+    assert (tmp_path / "downstream_runs").read_text().split() == [str(run / "phase1"), str(run / "phase2")]
