@@ -15,6 +15,9 @@ from torch.utils.checkpoint import checkpoint
 from trainer.models.config import ModelConfig
 from trainer.models.kernels import Packing, block_mask, pack, varlen_attention
 
+RECOMPILE_LIMIT = 32
+"""Variants of one compiled block that dynamo may compile (``Encoder.compile_layers``); dynamo's default is 8."""
+
 
 def activation_fn(name: str):
     if name == "gelu":
@@ -171,6 +174,13 @@ class Encoder(nn.Module):
         ``torch.compile(dynamic=True)``: one graph each, reused for any batch shape (packed rows change the token
         count every batch). Returns whether they are compiled. Called by the first forward per ``cfg.compile``."""
         self._compile_decided = True
+        if enable:
+            # Each block's code object is shared by every layer and compiled once per variant: training / eval x
+            # packed rows ([tokens, H]) / full rows ([B, T, H]) x each width. ELECTRA's generator and discriminator
+            # (two widths) need 9 variants of the attention-output block, past dynamo's default recompile_limit of 8:
+            # the ninth ran eager from then on (tests/test_compile.py).
+            import torch._dynamo
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         for module in (*self.attention, *self.ffn):
             fn = module.output if isinstance(module, Attention) else module.block
             module._compiled = torch.compile(fn, dynamic=True) if enable else None
