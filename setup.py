@@ -5,7 +5,7 @@ build) so that the resolver does not pull a multi-GB CUDA wheel; ``make venv`` d
 The torch floor is the oldest release the whole suite has passed on (2.11.0, with transformers 5.17.0, on Python
 3.11 and 3.12, 2026-12-05; CI runs 2.13.0 on 3.11): older torchruns lack options the Slurm launcher relies on
 (``--signals-to-handle``). transformers' floor likewise: 4.57.6 passed the 12 test files that use it (203 tests;
-5.17.0 and 5.25.0 the whole suite).
+5.17.0 and 5.25.0 the whole suite), and again the 9 that load Hugging Face folders on 2026-12-05 (207 tests).
 """
 from setuptools import find_packages, setup
 
