@@ -70,8 +70,51 @@ def _atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+FORMAT = "bertfamily-checkpoint"
+FORMAT_VERSION = 1
+"""The ``version`` in ``bertfamily.json`` that this code writes and the newest it reads."""
+
+
+class CheckpointStateError(ValueError):
+    """A checkpoint's ``bertfamily.json`` cannot be used: damaged, not ours, or of a newer format."""
+
+
 def read_state(tag_dir: Path) -> dict:
-    return json.loads((Path(tag_dir) / STATE_FILE).read_text())
+    """The checkpoint's ``bertfamily.json``, checked: a damaged file (cut by a failing disk or a copy stopped half
+    way; our own writes are atomic), another program's file or a newer format is refused by name, with the earlier
+    complete checkpoint to resume from, instead of a JSON traceback or a silent misreading."""
+    path = Path(tag_dir) / STATE_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointStateError(f"{path} is damaged ({err}): {_instead(Path(tag_dir))}") from None
+    if not isinstance(record, dict) or record.get("format", FORMAT) != FORMAT:
+        raise CheckpointStateError(f"{path} is not a bertfamily checkpoint state (format "
+                                   f"{record.get('format') if isinstance(record, dict) else type(record).__name__!r}, "
+                                   f"expected {FORMAT!r}): {_instead(Path(tag_dir))}")
+    version = record.get("version", 1)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointStateError(f"{path}: checkpoint format version {version!r} was written by a newer bertfamily "
+                                   f"(this one reads up to {FORMAT_VERSION}): upgrade bertfamily to resume, export or "
+                                   "fine-tune from it")
+    return record
+
+
+def _saved_run_id(tag_dir: Path) -> str | None:
+    """The run id a complete checkpoint was saved by; None for a damaged state file (moving it aside, or saving
+    over it, needs no more)."""
+    try:
+        return read_state(tag_dir).get("run_id")
+    except CheckpointStateError:
+        return None
+
+
+def _instead(tag_dir: Path) -> str:
+    earlier = [p for p in complete_checkpoints(tag_dir.parent) if (step_of(p.name) or 0) < (step_of(tag_dir.name) or 0)]
+    return ("this checkpoint cannot be used; restore the file from a copy, or resume from the one before it with "
+            f"--resume {earlier[-1]} (checkpoints saved after it are moved aside, not deleted)" if earlier else
+            "this checkpoint cannot be used and no earlier complete one is in its folder; restore the file from a "
+            "copy")
 
 
 def complete_checkpoints(root: Path) -> list[Path]:
@@ -184,7 +227,7 @@ def _move_aside(root: Path, folders: list[Path], run_id: str, why: str) -> Path:
     for folder in folders:
         complete = is_complete(folder)
         moved.append({"tag": folder.name, "complete": complete,
-                      "run_id": read_state(folder).get("run_id") if complete else None})
+                      "run_id": _saved_run_id(folder) if complete else None})
         os.rename(folder, aside / folder.name)
     note = aside / "moved.json"
     earlier = json.loads(note.read_text())["moved"] if note.is_file() else []
@@ -294,7 +337,7 @@ def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_s
         try:
             if fence is not None:
                 fence()
-            record = {"format": "bertfamily-checkpoint", "version": 1, "step": state.step, "run_id": run_id,
+            record = {"format": FORMAT, "version": FORMAT_VERSION, "step": state.step, "run_id": run_id,
                       "consumed_samples": state.consumed_samples, "skipped_steps": state.skipped_steps,
                       "world_size": world_size, "zero_stage": engine.zero_stage, "time": time.time(),
                       "config": config}
@@ -333,7 +376,7 @@ def _before_save(root: Path, tag_dir: Path, run_id: str, fence) -> dict:
     if fence is not None:
         fence()  # nothing of this save is written unless the folder is still ours
     if is_complete(tag_dir):
-        if read_state(tag_dir).get("run_id") == run_id:
+        if _saved_run_id(tag_dir) == run_id:
             return {"saved": True}
         aside = _move_aside(root, [tag_dir], run_id, f"replaced by run {run_id}'s save of the same step")
         print(f"checkpoints: {tag_dir} belonged to another run; moved aside to {aside} and saved again",
@@ -554,8 +597,8 @@ def load_model_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], dic
     """
     from trainer.engine import consolidated_fp32_state_dict  # deepspeed: loaded only by the calls that need it
     path = resolve_checkpoint(ckpt_dir)
-    state = consolidated_fp32_state_dict(path.parent, path.name)
-    return state, read_state(path)["config"]
+    config = read_state(path)["config"]  # checked before gigabytes of weights are read
+    return consolidated_fp32_state_dict(path.parent, path.name), config
 
 
 def resolve_checkpoint(ckpt_dir: str | Path) -> Path:
