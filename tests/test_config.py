@@ -304,3 +304,20 @@ def test_a_missing_dlm_valid_path_is_refused_at_validation(tmp_path):
     from trainer.ernie.dlm import DialogueFile
     with pytest.raises(FileNotFoundError, match=r"objective.options.dlm.valid_path"):
         DialogueFile(tmp_path / "nope.jsonl", None, key="objective.options.dlm.valid_path")
+
+
+def test_settings_the_objective_would_not_read_are_refused_at_validation():
+    """Accepted and echoed by --check, without effect: ERNIE masks by objective.options.knowledge_masking, never
+    data.masking; ELECTRA's objective.options.generator_fraction (every ELECTRA recipe sets it) won over a different
+    model.generator_fraction (electra_base: a 1/2 asked for, 1/3 built). Agreeing values still load."""
+    sizes = ["model.vocab_size=1000", "model.pad_token_id=0"]
+    for recipe in ("tiny_ernie", "tiny_ernie2"):
+        with pytest.raises(ConfigError, match=r"data.masking.rate, data.masking.strategy: objective ernie2? does not "
+                                              r"read data.masking; .*objective.options.knowledge_masking"):
+            load_config(recipe, [*sizes, "data.masking.rate=0.4", "data.masking.strategy=span"])
+    with pytest.raises(ConfigError, match=r"model.generator_fraction=0.5 and objective.options.generator_fraction="
+                                          r"0.3333333333333333 disagree"):
+        load_config("electra_base", [*sizes, "model.generator_fraction=0.5"])
+    cfg = load_config("electra_base", [*sizes, "model.generator_fraction=0.3333333333333333"])
+    assert cfg.model.generator_fraction == pytest.approx(1 / 3)
+    load_config("tiny_bert", [*sizes, "data.masking.rate=0.2"])  # the MLM objectives read data.masking

@@ -314,6 +314,9 @@ def config_from_dict(raw: dict, source: str = "config", world_size: int | None =
     raw = dict(raw)
     _resolve_from_data(raw)
     _resolve_model_preset(raw)
+    problem = unused_setting_problem(raw)
+    if problem:  # accepted and echoed by --check, and without effect: a run trained with other values than it said
+        raise ConfigError(f"{source}: {problem}")
     try:
         cfg = RunConfig.model_validate(raw)
     except ValidationError as err:
@@ -351,6 +354,32 @@ def config_from_dict(raw: dict, source: str = "config", world_size: int | None =
         except ConfigError as err:
             raise ConfigError(f"{source}: {err}") from None
     return cfg
+
+
+def unused_setting_problem(raw: dict) -> str:
+    """Settings that the objective would take from elsewhere: ERNIE masks by ``objective.options.knowledge_masking``,
+    never ``data.masking``; ELECTRA sizes its generator by ``objective.options.generator_fraction`` when set, over
+    ``model.generator_fraction``."""
+    objective = raw.get("objective") if isinstance(raw.get("objective"), dict) else {}
+    name, options = objective.get("name"), objective.get("options") or {}
+    masking = (raw.get("data") or {}).get("masking") if isinstance(raw.get("data"), dict) else None
+    if name in ("ernie", "ernie2") and masking is not None:
+        keys = ", ".join(f"data.masking.{k}" for k in masking) if isinstance(masking, dict) else "data.masking"
+        return (f"{keys}: objective {name} does not read data.masking; ERNIE masks by "
+                "objective.options.knowledge_masking (its stages, rate, max_predictions_per_seq): set them there")
+    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    ours, theirs = options.get("generator_fraction"), model.get("generator_fraction")
+    if name == "electra" and ours is not None and theirs is not None and not _same_number(ours, theirs):
+        return (f"model.generator_fraction={theirs} and objective.options.generator_fraction={ours} disagree: the "
+                "objective's would size the generator; set the one you mean and remove the other")
+    return ""
+
+
+def _same_number(a, b) -> bool:
+    try:
+        return abs(float(a) - float(b)) <= 1e-9
+    except (TypeError, ValueError):
+        return False  # (pydantic names the bad value)
 
 
 def positions_problem(cfg: RunConfig) -> str:
