@@ -2,11 +2,13 @@
 # ALBERT-xxlarge (235M parameters, H=4096, 12 shared layers) pretraining with LAMB: `sbatch slurm/albert_xxlarge.sh`.
 #
 # Batch arithmetic (trainer/recipes/albert_xxlarge.yaml): the paper's 4,096 sequences of 512 tokens per step are
-#     nodes x GPUs per node x micro batch x gradient accumulation = 16 x 8 x 4 x 8 = 4,096.
-# ALBERT shares one layer's weights but computes all 12 at H=4096, so it costs more per token than BERT-large:
-# hence the recipe's micro batch of 4 at seq 512 in bf16 (raise it with activation checkpointing,
-# EXTRA_SETS="model.activation_checkpointing=true train.micro_batch_size=8"). Other node counts: 8 nodes ->
-# accumulation 16, 32 nodes -> 4. LAMB (lr 0.00176, 3,125 warmup steps, 125K steps) keeps its per-parameter trust
+#     nodes x GPUs per node x micro batch x gradient accumulation = 16 x 8 x 32 x 1 = 4,096.
+# ALBERT shares one layer's weights but computes all 12 at H=4096, so it costs more per token than BERT-large. The
+# recipe's micro batch (32 at seq 512 in bf16) is a per-GPU ceiling set for 141 GB GPUs (H200; not yet measured on
+# one); on 80 GB GPUs lower it (EXTRA_SETS="train.micro_batch_size=16": accumulation 2 on 16 nodes) or add
+# activation checkpointing (EXTRA_SETS="model.activation_checkpointing=true"). Other node counts need no setting:
+# the trainer takes the largest micro batch up to the ceiling that divides each rank's share and says so at start
+# (8 nodes -> 32 x accumulation 2, 4 nodes -> 32 x 4). LAMB (lr 0.00176, 3,125 warmup steps, 125K steps) keeps its per-parameter trust
 # ratios under ZeRO (trainer/optim/lamb.py), so the ZeRO stage can change freely.
 # Time: ~125K steps at ~2.5 s/step on 16 x 8 A100 is ~3.6 days; the 48 h limit checkpoints and requeues.
 #

@@ -4,13 +4,14 @@
 # Batch arithmetic (trainer/recipes/electra_base.yaml): the paper's 256 sequences of 512 tokens per step are
 #     nodes x GPUs per node x micro batch x gradient accumulation = 1 x 8 x 32 x 1 = 256.
 # One node is the paper's scale (16 TPU chips); 766K steps at ~0.3 s/step on 8 A100s is ~2.7 days, so the 48 h
-# limit checkpoints and requeues once. More nodes need a smaller micro batch, because 256 must divide evenly:
-# 2 nodes with EXTRA_SETS=train.micro_batch_size=16, 4 nodes with 8. Generator and discriminator run in one forward
+# limit checkpoints and requeues once. More nodes need no setting: the recipe's micro batch is a per-GPU ceiling,
+# and the trainer takes the largest that divides each rank's share of 256 (2 nodes -> 16, 4 nodes -> 8) and says so
+# at start. Generator and discriminator run in one forward
 # (~1.3x BERT-base's memory per sequence). After training, export the discriminator with trainer/export_hf.py.
 #
 # Overrides: environment variables (see slurm/common.sh) and sbatch flags, e.g.
 #   RUN_DIR=runs/electra-b DATA_PREFIX=data/owt sbatch slurm/electra_base.sh
-#   EXTRA_SETS=train.micro_batch_size=16 sbatch --nodes=2 slurm/electra_base.sh
+#   sbatch --nodes=2 slurm/electra_base.sh
 #SBATCH --job-name=electra-base
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1

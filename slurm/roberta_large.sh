@@ -5,7 +5,7 @@
 #     nodes x GPUs per node x micro batch x gradient accumulation = 16 x 8 x 16 x 4 = 8,192.
 # The trainer computes the accumulation from the recipe's global and micro batch and the world size, so other node
 # counts work unchanged as long as 8,192 divides evenly: 8 nodes -> accumulation 8, 32 nodes -> 2, 64 nodes -> 1.
-# A micro batch of 16 x 512 fits an 80 GB GPU in bf16 with ZeRO-2; on 40 GB GPUs halve it
+# A micro batch of 16 x 512 fits an 80 GB GPU in bf16 with ZeRO-1 (the recipe's zero1_bf16.json); on 40 GB GPUs halve it
 # (EXTRA_SETS=train.micro_batch_size=8; accumulation doubles).
 # Time: 500K steps at ~1.2 s/step on 16 x 8 A100 is ~7 days: the 48 h limit ends each job with a checkpoint
 # (USR1 ten minutes before the limit) and the job requeues itself, so one sbatch runs to the end.

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fork_server
-from trainer.config import RECIPES_DIR, load_config, validate_batch
+from trainer.config import RECIPES_DIR, batch_plan, load_config, validate_batch
 from trainer.ds_json import precision, read_ds_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -166,3 +166,23 @@ def test_gpu_recipes_run_the_layers_on_real_tokens_only(recipe):
     in BENCHMARKS.md); the tiny CPU recipes keep the dense path (unpad's CPU fallback only adds copies)."""
     cfg = load_config(recipe, ["model.vocab_size=30522", "model.pad_token_id=0"])  # 'auto' reads a corpus
     assert cfg.model.unpad is not recipe.startswith("tiny"), f"{recipe}: model.unpad = {cfg.model.unpad}"
+
+
+def test_each_slurm_templates_batch_arithmetic_is_what_the_trainer_computes():
+    """The header of each slurm/*.sh works out nodes x GPUs x micro batch x accumulation = global batch for its
+    recipe: users size jobs and memory by it. albert_xxlarge.sh said 16 x 8 x 4 x 8 after the recipe's micro-batch
+    ceiling went to 32 (the trainer runs 32 x 1 there), so its advice to raise the micro batch lowered it 4x."""
+    import re
+    checked = 0
+    for script in sorted((REPO / "slurm").glob("*.sh")):
+        text = script.read_text()
+        recipes = re.findall(r"^(?:PHASE\d_)?CONFIG=\$\{\w+:-(\w+)\}", text, flags=re.M)
+        lines = re.findall(r"^#.*?(\d+) x (\d+) x (\d+) x (\d+) = ([\d,]+)", text, flags=re.M)
+        assert len(lines) == len(recipes), (script.name, recipes, lines)
+        for recipe, (nodes, gpus, micro, accum, total) in zip(recipes, lines):
+            cfg = load_config(recipe, ["model.vocab_size=30000", "model.pad_token_id=0"])
+            world = int(nodes) * int(gpus)
+            assert batch_plan(cfg.train, world) == (int(micro), int(accum)), (script.name, recipe)
+            assert cfg.train.global_batch_size == int(total.replace(",", "")) == world * int(micro) * int(accum)
+            checked += 1
+    assert checked == 6  # roberta_large, albert_xxlarge, bert_base's two phases, electra_base, ernie2_base
