@@ -215,3 +215,28 @@ def test_a_split_that_holds_out_nothing_stops_at_start(toy, tmp_path, monkeypatc
     # a run that never evaluates (train.eval_every 0) does not build or read the held-out set: it is not stopped
     quiet = cfg.model_copy(update={"train": cfg.train.model_copy(update={"eval_every": 0})})
     assert build_components(quiet, 0, 1, "cpu").eval_batches is None
+
+
+def test_an_evaluation_larger_than_the_held_out_data_says_it_rereads_it(toy, tmp_path, monkeypatch, capsys):
+    """The evaluation takes train.eval_batches x the global batch positions of the held-out order, cycling a smaller
+    held-out set (roberta_base with a 2 % split of a small corpus: 12 samples read 22 times each) without a word."""
+    import data_prep.manifest
+    from trainer.config import load_config
+    from trainer.pretrain import build_components
+
+    prefix, _ = toy
+    tok = SimpleNamespace(**vars(_tokenizer()), path=None)
+    monkeypatch.setattr(data_prep.manifest, "tokenizer_dir", lambda prefix: None)
+    monkeypatch.setattr("data_prep.tokenizer.load_tokenizer", lambda path: tok)
+    sets = [f"data.corpora=[{{prefix: {prefix}}}]", "data.valid_split=0.05", "train.eval_every=2",
+            f"data.cache_dir={tmp_path}", "data.num_workers=0", "data.format=full-sentences",
+            "data.max_seq_length=24", f"run_dir={tmp_path / 'run'}", "model.vocab_size=1000", "model.pad_token_id=0"]
+    held = len(PretrainingDataset(load_config("tiny_roberta", sets).data, tok, 0, split="valid"))
+    big = load_config("tiny_roberta", [*sets, "train.global_batch_size=16", f"train.eval_batches={held}"])
+    build_components(big, 0, 1, "cpu")
+    said = capsys.readouterr().out
+    assert f"each evaluation reads {16 * held} samples" in said and f"the held-out data holds {held}: it reads them " \
+        f"~16.0 times over" in said, said
+    small = load_config("tiny_roberta", [*sets, "train.global_batch_size=1", f"train.eval_batches={held}"])
+    build_components(small, 0, 1, "cpu")
+    assert "each evaluation reads" not in capsys.readouterr().out

@@ -148,6 +148,8 @@ def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) ->
     # data.valid_split) or a broken valid corpus then stops the run before step 1, not after eval_every steps of
     # training with nothing saved for them.
     valid = PretrainingDataset(cfg.data, tokenizer, cfg.seed, split="valid") if evaluates else None
+    if valid is not None and len(valid) < cfg.train.eval_batches * cfg.train.global_batch_size:
+        print0(eval_repeat_note(cfg, len(valid)))
 
     def eval_batches():
         # A fixed set: positions [0, eval_batches x G) of the held-out data's shuffled order, split over the ranks as
@@ -166,6 +168,16 @@ def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) ->
     flops = train_flops_per_token(model, cfg.data.max_seq_length, cfg.data.masking.max_predictions_per_seq)
     return Components(model=model, loss=objective.loss, train_batches=train_batches,
                       eval_batches=eval_batches if evaluates else None, flops_per_token=flops)
+
+
+def eval_repeat_note(cfg: RunConfig, held_out: int) -> str:
+    """What an evaluation reads when the held-out data holds fewer samples than it takes (train.eval_batches x the
+    global batch): the same samples again, up to its count, which the loss otherwise does not show."""
+    per_eval = cfg.train.eval_batches * cfg.train.global_batch_size
+    return (f"note: each evaluation reads {per_eval} samples (train.eval_batches={cfg.train.eval_batches} x "
+            f"train.global_batch_size={cfg.train.global_batch_size}) but the held-out data holds {held_out}: it reads "
+            f"them ~{per_eval / held_out:.1f} times over, so the eval loss is over {held_out} distinct samples. Lower "
+            "train.eval_batches, or hold out more (data.valid_split, data.valid_corpora)")
 
 
 def global_batch_change(saved: dict, cfg: RunConfig, where: str) -> str | None:
