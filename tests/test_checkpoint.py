@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import fork_server
-from trainer import checkpoint
+from trainer import checkpoint, init_from
 from trainer.checkpoint import TrainState
 
 REPO = Path(__file__).resolve().parents[1]
@@ -214,10 +214,10 @@ def test_init_from_is_consolidated_once_by_rank_0(tmp_path, monkeypatch):
     got = {}
     ranks = threading.Barrier(2)  # the process group's barrier, for two ranks running as threads
     monkeypatch.setattr(checkpoint, "_barrier", lambda: ranks.wait(timeout=60))
-    reader = threading.Thread(target=lambda: got.update(r1=checkpoint.init_weights(source, cache, rank=1, wait_s=30,
+    reader = threading.Thread(target=lambda: got.update(r1=init_from.init_weights(source, cache, rank=1, wait_s=30,
                                                                                     poll_s=0.02)))
     reader.start()
-    got["r0"] = checkpoint.init_weights(source, cache, rank=0)
+    got["r0"] = init_from.init_weights(source, cache, rank=0)
     reader.join()
     assert calls == ["global_step9"]  # one consolidation, on rank 0
     assert torch.equal(got["r0"]["w"], torch.arange(4.0)) and torch.equal(got["r1"]["w"], torch.arange(4.0))
@@ -229,9 +229,9 @@ def test_init_from_is_consolidated_once_by_rank_0(tmp_path, monkeypatch):
     monkeypatch.setattr(trainer.engine, "consolidated_fp32_state_dict", broken)
     monkeypatch.setattr(checkpoint, "_barrier", lambda: None)  # one rank at a time below
     with pytest.raises(OSError, match="shard missing"):
-        checkpoint.init_weights(source, cache, rank=0)
+        init_from.init_weights(source, cache, rank=0)
     with pytest.raises(RuntimeError, match="rank 0 failed to consolidate.*init_from.*OSError: shard missing"):
-        checkpoint.init_weights(source, cache, rank=1, wait_s=5, poll_s=0.02)
+        init_from.init_weights(source, cache, rank=1, wait_s=5, poll_s=0.02)
 
 
 def test_a_save_replaces_another_lineages_checkpoint_of_its_step_and_skips_its_own(tmp_path, capsys):
@@ -425,7 +425,7 @@ def test_init_from_takes_model_and_hugging_face_folders_and_refuses_another_voca
     export_hf(cfg, model.state_dict(), tmp_path / "hf")
     save_model_folder(model, cfg, tmp_path / "folder")
     for source in ("hf", "folder"):
-        weights = checkpoint.init_weights(tmp_path / source, tmp_path / "run", rank=0, vocab_size=(120, 128))
+        weights = init_from.init_weights(tmp_path / source, tmp_path / "run", rank=0, vocab_size=(120, 128))
         for key, value in model.state_dict().items():
             got = weights[key][:120] if key.endswith(("word.weight", "decoder.weight", "decoder.bias")) else weights[key]
             want = value[:120] if key.endswith(("word.weight", "decoder.weight", "decoder.bias")) else value
@@ -435,9 +435,9 @@ def test_init_from_takes_model_and_hugging_face_folders_and_refuses_another_voca
         for corpus, rows in ((300, 300), (100, 100)):
             with pytest.raises(ValueError, match=rf"{source}: trained with a vocabulary of 120 tokens; this run's "
                                                  rf"corpus tokenizer has {corpus} and its model {rows} rows"):
-                checkpoint.init_weights(tmp_path / source, tmp_path / "run", rank=0, vocab_size=(corpus, rows))
+                init_from.init_weights(tmp_path / source, tmp_path / "run", rank=0, vocab_size=(corpus, rows))
     with pytest.raises(FileNotFoundError, match=r"not a trainer checkpoint .*not a model folder .*not a Hugging Face"):
-        checkpoint.init_weights(tmp_path / "run", tmp_path / "run2", rank=0)
+        init_from.init_weights(tmp_path / "run", tmp_path / "run2", rank=0)
 
 
 def test_init_from_names_new_heads_and_stops_on_another_architecture():

@@ -88,7 +88,7 @@ def test_export_hf_refuses(clean, tmp_path, name, capsys):
 @pytest.mark.parametrize("name", FILES)
 def test_init_from_refuses(clean, tmp_path, name):
     """``checkpoint.init_from`` as trainer.pretrain calls it (rank 0 consolidates, outside any process group)."""
-    from trainer.checkpoint import init_weights
+    from trainer.init_from import init_weights
 
     ckpt, marker = poisoned(clean, name, tmp_path)
     said = outcome(lambda: init_weights(ckpt.parent, tmp_path / "run", rank=0))

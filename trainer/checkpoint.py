@@ -17,7 +17,6 @@ is for people and tools that read the folder.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -477,102 +476,6 @@ def _wait_for_rank0(done: Path, failed: Path, rank: int, what: str, shown: Path,
                                "(rank 0 makes it; is the folder on a filesystem every node "
                                "shares? raise BERTFAMILY_UNIVERSAL_WAIT_S for a very large model)")
         time.sleep(poll_s)
-
-
-def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s: float | None = None,
-                 poll_s: float = 2.0, vocab_size: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
-    """``checkpoint.init_from``'s consolidated fp32 weights, consolidated once per run.
-
-    ``init_from`` is a trainer checkpoint (``global_stepN``, or a ``checkpoints`` folder: its newest complete one), our
-    model folder (``python -m trainer.export_hf``'s sibling, ``trainer.models.model_folder``) or a local Hugging Face
-    folder of the five families (a released model, or an export of ours: ``trainer.models.hf_convert.import_hf``).
-    ``vocab_size`` (the corpus tokenizer's, the model's): the source's vocabulary must lie between them.
-
-    Rank 0 runs the consolidation (``load_model_state``: every ZeRO shard of the source checkpoint) and writes one
-    file in ``cache_dir``; the other ranks wait for it on the shared filesystem (not in a collective: consolidating a
-    large model can outlast the process group's timeout) and read that file. Without this, 64 ranks would each read
-    every shard of the source, optimizer state included, through the shared filesystem. The file is named after
-    the resolved source checkpoint (a checkpoints folder means its newest complete one, which can change) and
-    removed once every rank has read it.
-    """
-    source = init_source(init_from)
-    cache_dir = Path(cache_dir)
-    key = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]
-    out = cache_dir / f"init_from_{key}.pt"
-    failed = cache_dir / f".init_from_{key}.failed"
-    if rank == 0:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        failed.unlink(missing_ok=True)
-    _barrier()
-    if rank == 0 and not out.exists():
-        try:
-            weights, source_vocab = init_source_weights(source)
-            low, high = vocab_size if vocab_size is not None else (None, None)
-            if source_vocab is not None and low is not None and not low <= source_vocab <= high:
-                # Rows cannot be fitted across tokenizers: above the model's vocab_size fit_rows would cut real rows;
-                # below the corpus tokenizer's, the corpus has ids the source never learned. In between (NVIDIA's
-                # 30528 rows for a 30522-token tokenizer) the rows are padding.
-                which = "" if source == Path(init_from) else f" ({source.name})"
-                raise ValueError(f"checkpoint.init_from {init_from}{which}: trained with a vocabulary of "
-                                 f"{source_vocab} tokens; this run's corpus tokenizer has {low} and its model "
-                                 f"{high} rows (model.vocab_size): another tokenizer; use the source's tokenizer and "
-                                 "corpus")
-            tmp = out.with_suffix(".tmp")
-            torch.save(weights, tmp)
-            os.replace(tmp, out)
-        except BaseException as err:
-            failed.write_text(f"{type(err).__name__}: {err}\n")
-            raise
-    elif rank != 0:
-        _wait_for_rank0(out, failed, rank, f"consolidate {source} (checkpoint.init_from)", out, wait_s, poll_s)
-    weights = torch.load(out, map_location="cpu", weights_only=True)
-    _barrier()
-    if rank == 0:
-        out.unlink(missing_ok=True)
-    return weights
-
-
-def folder_kind(path: Path) -> str | None:
-    """"model folder" or "hugging face" for such a folder, None for anything else (a trainer checkpoint, a
-    ``checkpoints`` folder, a run folder holding them: checkpoint markers come first). Shared by ``init_from`` and
-    fine-tuning's ``--checkpoint``, so one folder is read the same way by both."""
-    from trainer.models.model_folder import is_model_folder
-    if not path.is_dir() or is_complete(path) or (path / LATEST).is_file() or any(path.glob("global_step*")):
-        return None
-    if is_model_folder(path):
-        return "model folder"
-    if (path / "config.json").is_file():
-        return "hugging face"
-    return None
-
-
-def init_source(init_from: str | Path) -> Path:
-    """The folder ``init_from`` names: a model or Hugging Face folder as is, else the checkpoint it resolves to."""
-    path = Path(init_from)
-    if folder_kind(path):
-        return path
-    try:
-        return resolve_checkpoint(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"checkpoint.init_from {init_from}: not a trainer checkpoint (no complete "
-                                f"global_stepN), not a model folder (model_config.json + model.safetensors) and not a "
-                                f"Hugging Face folder (config.json)") from None
-
-
-def init_source_weights(source: Path) -> tuple[dict[str, torch.Tensor], int | None]:
-    """Our model's state dict from a folder ``init_source`` returned, and the vocabulary size it was trained with
-    (None where a checkpoint's config does not say)."""
-    kind = folder_kind(source)
-    if kind == "model folder":
-        from trainer.models.model_folder import load_model_folder
-        cfg, weights = load_model_folder(source)
-        return weights, cfg.vocab_size
-    if kind == "hugging face":
-        from trainer.models.hf_convert import import_hf
-        cfg, weights = import_hf(source)
-        return weights, cfg.vocab_size
-    weights, run_config = load_model_state(source)
-    return weights, ((run_config or {}).get("model") or {}).get("vocab_size")
 
 
 def restore_rng(tag_dir: Path, rank: int, world_size: int, seed: int, step: int) -> None:

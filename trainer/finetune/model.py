@@ -77,7 +77,8 @@ def _hf_family(folder: Path) -> str:
 
 
 def load_source(path: str | Path) -> Source:
-    from trainer.checkpoint import LATEST, STATE_FILE, folder_kind, load_model_state
+    from trainer.checkpoint import LATEST, STATE_FILE, load_model_state
+    from trainer.init_from import folder_kind
     from trainer.models.model_folder import load_model_folder
 
     path = Path(path)
