@@ -29,8 +29,8 @@ def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s
     file in ``cache_dir``; the other ranks wait for it on the shared filesystem (not in a collective: consolidating a
     large model can outlast the process group's timeout) and read that file. Without this, 64 ranks would each read
     every shard of the source, optimizer state included, through the shared filesystem. The file is named after
-    the resolved source checkpoint (a checkpoints folder means its newest complete one, which can change) and
-    removed once every rank has read it.
+    the resolved source checkpoint (a checkpoints folder means its newest complete one, which can change), made anew
+    by every launch and removed once every rank has read it.
     """
     source = init_source(init_from)
     cache_dir = Path(cache_dir)
@@ -40,8 +40,11 @@ def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s
     if rank == 0:
         cache_dir.mkdir(parents=True, exist_ok=True)
         failed.unlink(missing_ok=True)
+        # a file a launch that died before removing it left: the source may have changed since at the same path (a
+        # redone phase 1), so it is never reused; removed before any rank can look for the new one
+        out.unlink(missing_ok=True)
     checkpoint._barrier()
-    if rank == 0 and not out.exists():
+    if rank == 0:
         try:
             weights, source_vocab = init_source_weights(source)
             low, high = vocab_size if vocab_size is not None else (None, None)
