@@ -18,7 +18,8 @@ Files (all in the locked folder; the holder's token is a random UUID):
 watches the lock and its heartbeat file (content and modification time) and calls the lock stale only once they
 have not changed for ``stale_s`` of the contender's own ``time.monotonic()``; a change means the holder is alive and
 the launch is refused (a live holder beats every ``interval_s``, a sixth of ``stale_s`` by default, so a refusal
-takes about one interval). A lock whose holder is on this host with its pid gone is stale at once. A contender whose
+takes about one interval). A lock whose holder ran on this machine (same host name, boot id and pid namespace) with
+its pid gone is stale at once. A contender whose
 clock runs minutes ahead therefore refuses a live run like any other.
 
 **Taking over** a stale lock: the contender links its own file to ``run.lock.<stale token>.takeover`` (only one
@@ -75,6 +76,22 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _boot_id() -> str | None:
+    """This machine's boot id (Linux): another machine, or this one booted again, has another."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _pid_ns() -> int | None:
+    """The inode of this process's pid namespace (Linux): containers on one machine each have their own pids."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
 def _link_exclusive(src: Path, dst: Path) -> bool:
     """``os.link(src, dst)``: True if we made it. EEXIST from a retransmitted NFS link whose first try succeeded is
     told apart by ``src``'s link count (2: our link exists)."""
@@ -93,7 +110,7 @@ class RunLock:
         self.path = Path(run_dir) / LOCK_NAME
         self.stale_s = float(stale_s)
         self.interval_s = float(interval_s) if interval_s else max(0.2, min(10.0, self.stale_s / 6))
-        self.info = {"host": socket.gethostname(), "pid": os.getpid(),
+        self.info = {"host": socket.gethostname(), "pid": os.getpid(), "boot_id": _boot_id(), "pid_ns": _pid_ns(),
                      "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "token": uuid.uuid4().hex,
                      "started": time.time(), "interval_s": self.interval_s, "stale_s": self.stale_s}
         self.lost = False
@@ -141,7 +158,17 @@ class RunLock:
         return token or raw, raw, hb
 
     def _dead_here(self, info: dict) -> str | None:
-        if info and info.get("host") == self.info["host"] and not _pid_alive(int(info.get("pid", -1))):
+        """Why the holder is certainly dead, judged without waiting: it ran on this machine, in this pid namespace,
+        and its pid is gone. A host name alone does not say that: containers started with one fixed ``--hostname``
+        and two clusters mounting one filesystem with a node ``gpu001`` each share names, and a live holder there
+        was taken over at once (and stopped). A lock that records neither (written by an earlier version) is
+        judged by host and pid as it was then."""
+        if not info or info.get("host") != self.info["host"]:
+            return None
+        recorded = "boot_id" in info or "pid_ns" in info
+        if recorded and (info.get("boot_id") != self.info["boot_id"] or info.get("pid_ns") != self.info["pid_ns"]):
+            return None  # another machine or container with this host name: its pid says nothing here
+        if not _pid_alive(int(info.get("pid", -1))):
             return f"its process {info.get('pid')} on this host is gone"
         return None
 
