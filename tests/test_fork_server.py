@@ -76,10 +76,15 @@ def test_omp_num_threads_in_the_request_sets_torchs_threads():
 
 
 def test_a_child_past_its_timeout_is_killed_and_the_server_goes_on():
-    with pytest.raises(subprocess.TimeoutExpired) as err:
-        fork_server.run([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(600)"],
-                        timeout=2)
-    assert "started" in err.value.stdout
+    """The kill keeps what the child printed before it. A child starved of CPU may not have printed within a short
+    timeout, so the timeout grows (2, 8, 32 s) until it has: idle, one 2 s try; under load, still a pass."""
+    for timeout in (2, 8, 32):
+        with pytest.raises(subprocess.TimeoutExpired) as err:
+            fork_server.run([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(600)"],
+                            timeout=timeout)
+        if "started" in err.value.stdout:
+            break
+    assert "started" in err.value.stdout, err.value
     assert fork_server.run([sys.executable, "-c", "print('next')"], timeout=60).stdout == "next\n"
 
 
@@ -163,9 +168,8 @@ def test_a_failed_rank_stops_the_others_and_its_status_is_returned(tmp_path):
     code = ("import sys, torch.distributed as dist\ndist.init_process_group('gloo')\n"
             "if dist.get_rank() == 1:\n    print('rank 1 fails', flush=True)\n    sys.exit(3)\n"
             "dist.barrier()\nprint('never')\n")
-    start = time.monotonic()
     proc = fork_server.run_ranks([sys.executable, "-c", code], 2, timeout=120)
-    assert time.monotonic() - start < fork_server.GROUP_GRACE_S
+    # rank 0 ended by SIGTERM (-15): stopped, not failed by gloo's timeout nor SIGKILLed after GROUP_GRACE_S
     assert proc.returncodes == [-15, 3] and proc.returncode == 3, (proc.returncodes, proc.stderr)
     assert "rank 1 fails" in proc.stdout and "never" not in proc.stdout
 
@@ -176,11 +180,27 @@ def test_a_group_past_its_timeout_is_killed_with_its_children(tmp_path):
             "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
             "open(os.path.join(sys.argv[1], os.environ['RANK']), 'w').write(f'{os.getpid()} {child.pid}')\n"
             "time.sleep(600)\n")
-    with pytest.raises(subprocess.TimeoutExpired):
-        fork_server.run_ranks([sys.executable, "-c", code, str(tmp_path)], 2, timeout=5)
     import psutil
-    pids = [int(p) for r in (0, 1) for p in (tmp_path / str(r)).read_text().split()]
-    time.sleep(0.5)
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+    def written() -> list[str]:
+        return [w for r in (0, 1) if (tmp_path / str(r)).exists() for w in (tmp_path / str(r)).read_text().split()]
+
+    for timeout in (5, 20, 60):  # both ranks must have started their child before the kill: longer when starved
+        with pytest.raises(subprocess.TimeoutExpired):
+            fork_server.run_ranks([sys.executable, "-c", code, str(tmp_path)], 2, timeout=timeout)
+        if len(written()) == 4:
+            break
+    pids = [int(p) for p in written()]
+    assert len(pids) == 4, pids
+
+    def running(pid: int) -> bool:  # a zombie has ended (nobody may reap an orphan in a container)
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + 30  # the kill is sent; the kernel ends the processes when they are scheduled
+    while (alive := [p for p in pids if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not alive, alive
     assert fork_server.run([sys.executable, "-c", "print('next')"], timeout=60).stdout == "next\n"
