@@ -84,8 +84,10 @@ def make_source(work: Path, family: str) -> tuple[Path, torch.nn.Module]:
 @pytest.fixture
 def clean_env():
     """In-process runs make their own 1-rank process group: the environment after them is the one before (issue 12:
-    RANK/WORLD_SIZE/MASTER_PORT left behind reached every later test's launchers)."""
+    RANK/WORLD_SIZE/MASTER_PORT left behind reached every later test's launchers), and the group, which fine-tuning
+    leaves up on purpose, is destroyed after the test when it was not up before it."""
     saved = dict(os.environ)
+    grouped = torch.distributed.is_initialized()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: one thread is faster than two contending on a shared machine
     yield
@@ -94,6 +96,9 @@ def clean_env():
     left = {k: (saved.get(k), os.environ.get(k)) for k in launch if saved.get(k) != os.environ.get(k)}
     os.environ.clear()
     os.environ.update(saved)  # (imports set some process-wide variables on purpose: scikit-learn's KMP_*, ...)
+    if torch.distributed.is_initialized() and not grouped:  # fine-tuning leaves its 1-rank group up on purpose
+        import deepspeed.comm
+        deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached handles to the group's clones
     assert not left, f"fine-tuning in-process left these in os.environ (before, after): {left}"
 
 
