@@ -317,6 +317,7 @@ def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_s
     if failure is None:
         try:
             torch.save(rng_state(), tag_dir / f"rng_rank{rank}.pt")
+            _sync_own_files(tag_dir, rank)
         except Exception as err:  # noqa: BLE001
             failure = err
     # every rank's shards are on disk, or some rank failed: one all-reduce (in place of a barrier) tells all
@@ -359,6 +360,32 @@ def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_s
     if "error" in outcome:
         raise outcome["error"]
     return tag_dir
+
+
+_RANKED = re.compile(r"pp_rank_(\d+)_|^rng_rank(\d+)\.pt$")
+
+
+def _sync_own_files(tag_dir: Path, rank: int) -> None:
+    """fsync the files of ``tag_dir`` this rank wrote (DeepSpeed's ``*pp_rank_R_*`` shards, ``rng_rankR.pt``; rank 0
+    also the unranked ones, ``mp_rank_00_model_states.pt``, and the folder), before rank 0 marks the checkpoint
+    complete and prunes older ones. Neither DeepSpeed nor torch.save syncs: a node that crashes with its shards in
+    its page cache (or a Lustre client cache) left a "complete" checkpoint with a cut shard, the older ones already
+    pruned. A write error that NFS reports only at fsync (a full disk) is raised here, inside the save."""
+    for path in tag_dir.iterdir():
+        found = _RANKED.search(path.name)
+        owner = int(found.group(1) or found.group(2)) if found else 0
+        if owner == rank and path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    if rank == 0:
+        fd = os.open(tag_dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def all_max(value: int, device) -> int:
