@@ -317,13 +317,11 @@ def test_albert_xxlarge_template_with_lamb_survives_a_killed_rank(slurm_cluster,
             break
         assert time.monotonic() < deadline, (saved, done)
         time.sleep(0.01)
-    killed_at = time.monotonic()
     victims[0].kill()
+    # the job ends after the cluster's KillWait (30 s), not after a collective timeout: wait_job raises past 120 s
     info = slurm_cluster.wait_job(job, 120)
-    took = time.monotonic() - killed_at
     text = (tmp_path / "first.out").read_text(errors="replace")
     assert info["JobState"] == "FAILED", text[-5000:]
-    assert took < 120  # bounded by the cluster's KillWait (30 s), not by a collective timeout
     assert "TRAINING FAILED" in text and "n2: task 1" in text, text[-5000:]
     last = latest_step(run)
     assert last is not None and last >= saved and last < steps
