@@ -466,6 +466,15 @@ def prepare_universal(tag_dir: Path, rank: int, wait_s: float | None = None, pol
     ``timeout_minutes``, 10 by default), which would kill the waiting ranks mid-conversion. They give up after
     ``wait_s`` (default 4 h, env ``BERTFAMILY_UNIVERSAL_WAIT_S``) with a message naming the folder."""
     from trainer.engine import convert_to_universal  # deepspeed: loaded only by the calls that need it
+    if not os.access(tag_dir, os.W_OK):
+        # every rank sees the same mount and stops here alike: rank 0 could not write its failure note there either
+        saved = read_state(tag_dir)
+        raise PermissionError(
+            f"resume from {tag_dir} on another world size (or ZeRO stage) converts it to DeepSpeed's universal form "
+            f"beside it, in {Path(tag_dir) / UNIVERSAL}, but that folder is not writable (a read-only mount or another "
+            f"user's checkpoint). Copy the checkpoint folder into this run's checkpoints folder and resume from the "
+            f"copy, or resume on the {saved.get('world_size')} ranks at ZeRO-{saved.get('zero_stage')} it was saved "
+            "with (no conversion)")
     out = Path(tag_dir) / UNIVERSAL
     failed = Path(tag_dir) / f".{UNIVERSAL}.failed"
     if rank == 0:
