@@ -27,7 +27,9 @@ LAUNCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
 
 
 class FakeCuda:
-    """The parts of DeepSpeed's CUDA accelerator that trainer/engine.py calls."""
+    """The parts of DeepSpeed's CUDA accelerator that trainer/engine.py calls. The fake proves our side of the seam
+    (which device index and backend the engine asks for, and in which order), not that a real CUDA device or NCCL
+    accepts them (ordinals, exclusive-process mode, driver errors)."""
 
     _name = "cuda"
 
@@ -50,6 +52,11 @@ class FakeCuda:
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
+    """``make(count)``: FakeCuda with ``count`` devices, and deepspeed.init_distributed and torch.distributed's
+    get_rank/get_world_size replaced by recorders reading RANK/WORLD_SIZE. The fake proves our side of the seam (the
+    launch variables, device and backend init_distributed hands DeepSpeed, before the group), not DeepSpeed's real
+    init_distributed (its MPI discovery, the device it binds the group to: test_plain_srun_one_gpu_per_task_through_
+    deepspeeds_real_init_distributed covers that) nor a real process group's ranks."""
     for key in LAUNCH_KEYS:  # restored after the test, whatever init_distributed writes
         monkeypatch.setenv(key, "x")
         monkeypatch.delenv(key)
@@ -133,6 +140,8 @@ def test_srun_with_all_gpus_visible_and_mpirun_use_the_local_rank(fake_cuda, mon
 
 
 def test_engine_tells_deepspeed_the_selected_device(fake_cuda, monkeypatch):
+    """deepspeed.initialize is replaced by a recorder of the args it gets. The fake proves our side of the seam (the
+    device_rank Engine passes), not that DeepSpeed's real initialize then uses that device rather than LOCAL_RANK."""
     fake_cuda(1)
     monkeypatch.setenv("LOCAL_RANK", "6")
     seen = {}
@@ -150,7 +159,10 @@ def test_engine_tells_deepspeed_the_selected_device(fake_cuda, monkeypatch):
 # ---------------------------------------------------------------------------------------- optimizer fallback
 @pytest.fixture
 def cuda_optimizer(fake_cuda, monkeypatch, tmp_path):
-    """build_optimizer for 'cuda:0' with the fused_adam op prebuilt or not, and nvcc present or not."""
+    """build_optimizer for 'cuda:0' with the fused_adam op prebuilt or not, and nvcc present or not: DeepSpeed's
+    installed_ops, CUDA_HOME and FusedAdam (FakeFusedAdam, torch's AdamW, optionally failing to load) are replaced.
+    The fake proves our side of the seam (which optimizer build_optimizer picks from what DeepSpeed reports, and the
+    reason it gives), not that a real prebuilt fused_adam op loads or steps on a GPU."""
     import deepspeed.git_version_info as info
     import deepspeed.ops.adam
     from torch.utils import cpp_extension
@@ -242,7 +254,9 @@ def test_with_nvcc_and_ninja_but_no_prebuilt_op_nothing_is_compiled(fake_cuda, m
 # ----------------------------------------------------------------------------------- fp16 loss-scaler skips
 class FakeDeepSpeedFp16:
     """A DeepSpeed engine in fp16 as trainer.engine.Engine sees it; ``script`` gives, per optimizer step,
-    (step applied, loss scale after the step, loss)."""
+    (step applied, loss scale after the step, loss). The fake proves our side of the seam (how Engine and the loop
+    read was_step_applied and cur_scale), not when DeepSpeed's real fp16 loss scaler skips a step or changes its
+    scale."""
 
     device = torch.device("cpu")
 
