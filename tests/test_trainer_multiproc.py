@@ -226,36 +226,68 @@ def test_load_model_state_consolidates_every_stage(zero_runs):
             torch.testing.assert_close(sd[k].float(), ref[k].float(), rtol=1e-4, atol=1e-5)
 
 
-def _kill_one_rank_when(run_dir: Path, proc: subprocess.Popen, step: int) -> None:
-    deadline = time.time() + TIMEOUT
-    while time.time() < deadline:
-        metrics = run_dir / "metrics.jsonl"
-        if metrics.exists() and any(r["step"] >= step for r in records(run_dir)):
-            workers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "python" in c.name()]
-            assert workers, "no worker processes found"
-            workers[-1].send_signal(signal.SIGKILL)
-            return
+# The stand-in trainer whose rank 1 stops itself (SIGSTOP) when it starts writing the checkpoint of step
+# STOP_AT_SAVE: the run cannot go on, whatever the load, until the test kills that rank (-9). Polling the log for a
+# step and then killing raced the run: a test process starved for the last steps' ~0.5 s let the run finish first.
+STOP_AT_SAVE = 6
+STOPPING_RANK = f"""
+import os, runpy, signal, sys
+sys.path[:0] = [{str(REPO / "tests")!r}, {str(REPO)!r}]
+import torch
+real_save = torch.save
+
+def save(obj, f, *args, **kwargs):
+    if os.environ.get("RANK") == "1" and "global_step{STOP_AT_SAVE}" in str(f):
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return real_save(obj, f, *args, **kwargs)
+
+torch.save = save
+runpy.run_path({str(STANDIN)!r}, run_name="__main__")
+"""
+
+
+def _kill_the_stopped_rank(proc: subprocess.Popen) -> None:
+    """SIGKILL the rank that stopped itself (STOPPING_RANK) once it is stopped."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        for worker in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if worker.status() == psutil.STATUS_STOPPED and worker.environ().get("RANK") == "1":
+                    worker.send_signal(signal.SIGKILL)
+                    return
+            except psutil.Error:  # a process that ended meanwhile
+                continue
         if proc.poll() is not None:
-            pytest.fail(f"run ended before step {step}: {proc.stderr.read()[-3000:]}")
+            pytest.fail(f"run ended before rank 1 stopped at step {STOP_AT_SAVE}'s save: {proc.stderr.read()[-3000:]}")
         time.sleep(0.05)
-    pytest.fail("timed out waiting for the run to reach the kill step")
+    pytest.fail(f"timed out waiting for rank 1 to stop at step {STOP_AT_SAVE}'s save")
 
 
 def test_kill9_one_rank_then_resume_is_bit_identical(tmp, zero_runs):
-    """torch AdamW, ZeRO-2, gradient accumulation 2; the uninterrupted run is the ZeRO-2 one. (RNG restore, with
-    dropout on, is checked bit for bit by the LAMB resume test.)"""
+    """torch AdamW, ZeRO-2, gradient accumulation 2; the uninterrupted run is the ZeRO-2 one. Rank 1 is killed (-9)
+    while writing the checkpoint of step 6 (stopped there by STOPPING_RANK, so the kill lands at the same point
+    whatever the load): the resume starts from step 4's checkpoint, redoes steps 5 and 6 that the killed run had
+    logged, and gives the uninterrupted run's losses bit for bit. (RNG restore, with dropout on, is checked bit for
+    bit by the LAMB resume test.)"""
     ref_dir = zero_runs[2]
     cfg = make_config(tmp, "kill")
-    proc = subprocess.Popen(command(cfg, 2), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    script = tmp / "stopping_rank.py"
+    script.write_text(STOPPING_RANK)
+    cmd = [str(script) if c == str(STANDIN) else c for c in command(cfg, 2)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
-        _kill_one_rank_when(tmp / "kill", proc, step=5)
+        _kill_the_stopped_rank(proc)
         assert proc.wait(timeout=TIMEOUT) != 0  # torchrun tears the job down and fails
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert max(losses(tmp / "kill")) == STOP_AT_SAVE  # the killed run trained past its last complete checkpoint
+    assert (tmp / "kill" / "checkpoints" / "latest").read_text() == "global_step4"
     resumed = run(cfg, 2, "--resume", "auto")
-    assert "resumed from" in resumed.stdout
+    assert "resumed from" in resumed.stdout and "global_step4" in resumed.stdout, resumed.stdout[-3000:]
     ref, got = losses(ref_dir), losses(tmp / "kill")
+    assert sorted(ref) == list(range(1, 9))  # the reference is the whole run (not a vacuous comparison)
     assert sorted(got) == sorted(ref)
     for step in ref:
         assert got[step] == ref[step], (step, got[step], ref[step])  # bit-identical, not approximately
