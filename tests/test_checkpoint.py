@@ -21,7 +21,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class FakeEngine:
-    """Writes a DeepSpeed-like shard; ``die_in_save`` makes the process SIGKILL itself halfway through the write."""
+    """Writes a DeepSpeed-like shard; ``die_in_save`` makes the process SIGKILL itself halfway through the write. The
+    fake proves our side of the seam (what checkpoint.save does around the engine's write: tag folder, state file,
+    ``latest``, pruning, a death mid-write), not DeepSpeed's real save layout nor a multi-rank save's shards."""
     zero_stage = 2
 
     def __init__(self, die_in_save: bool = False):
@@ -307,7 +309,9 @@ def test_rollback_and_fresh_start_in_a_used_folder_start_new_lineages(tmp_path):
 
 
 class FullDiskEngine(FakeEngine):
-    """A shard write that runs out of space half-way, as ``write(2)`` does on a full filesystem."""
+    """A shard write that runs out of space half-way, as ``write(2)`` does on a full filesystem. The fake proves our
+    side of the seam (the error reaching checkpoint.save and the partial folder removed), not DeepSpeed's real save
+    layout, multi-rank shards, nor a real filesystem's behaviour (a short write, NFS reporting it only at close)."""
 
     def __init__(self, error: BaseException):
         super().__init__()
