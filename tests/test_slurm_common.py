@@ -3,7 +3,10 @@
 The templates used to pass ``--shutdown-timeout`` unconditionally: torch 2.11's torchrun (the lent GPU machines'
 torch, and a common one on clusters) rejects it, so every launch failed at once ("unrecognized arguments"); five
 Slurm tests failed that way in a torch 2.11 venv. The fake torchruns below print only a help text: they prove our
-reading of it, not what torchrun does with the options; the Slurm tests run the real one."""
+reading of it, not what torchrun does with the options; the Slurm tests run the real one. The later tests also fake
+srun, scontrol, hostname and python (``common``): the fakes prove our side of the seam (the commands and arguments
+common.sh builds and how it reads their replies), not what Slurm, a node's resolver or the trainer do with them
+(tests/test_slurm_*.py run those on the local cluster)."""
 import os
 import subprocess
 import sys
