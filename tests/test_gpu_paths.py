@@ -39,6 +39,9 @@ from sync_count_worker import SyncCounter  # noqa: E402
     ("NVIDIA L4", torch.bfloat16, False, 121.0),
 ])
 def test_peak_flops_come_from_the_datasheet_at_the_training_dtype(monkeypatch, name, dtype, tf32, tflops):
+    """torch.cuda.get_device_name is faked to return each datasheet GPU's name. The fake proves our side of the seam
+    (the name and dtype picking the listed peak, with no measurement), not that a real GPU reports that exact name
+    (a new driver or a MIG slice may spell it otherwise)."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     monkeypatch.setattr(metrics, "measure_peak_flops", lambda *a, **k: pytest.fail("measured a listed GPU"))
     before = torch.backends.cuda.matmul.allow_tf32
@@ -51,6 +54,9 @@ def test_peak_flops_come_from_the_datasheet_at_the_training_dtype(monkeypatch, n
 
 
 def test_unlisted_gpu_or_dtype_is_measured_at_the_training_dtype(monkeypatch):
+    """torch.cuda.get_device_name is faked (a listed GPU without a bf16 peak, an unlisted one) and the measurement
+    recorded. The fake proves our side of the seam (an unlisted name or dtype is measured, on the right device and
+    dtype), not what a real GPU reports as its name nor a measurement on it."""
     calls = []
     monkeypatch.setattr(metrics, "measure_peak_flops", lambda device, dtype: calls.append((device, dtype)) or 1e12)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-32GB")
@@ -210,6 +216,7 @@ def test_ernie_classification_loss_needs_no_sync_and_matches_the_reference():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1260)  # above the worker's own 1200 s timeout, so that its output is reported, not lost
 def test_syncs_per_optimizer_step_do_not_grow_with_layers_or_micro_batches(tmp_path):
     """Real trainer steps (DeepSpeed engine, MLM objective, the real collator) on a 1-rank gloo group: the syncs of
     step 2 and 3, for 2 and 8 layers and 1 and 3 micro-batches, on every attention path, and in bf16 under the GPU
