@@ -34,6 +34,7 @@ def test_albert_xxlarge_micro_batch_fills_the_gpu():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1260)  # above the launch's own 1200 s timeout, so that its output is reported, not lost
 def test_collectives_per_step_do_not_grow_with_accumulation(tmp_path):
     """Steps 2 and 3 at accumulation 1, 4 and 64: the default configs make the same calls with the same elements;
     ZeRO-2 (the old default, counted in the same launch) grows with every micro-batch."""
