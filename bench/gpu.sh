@@ -133,6 +133,7 @@ model_stages() {
     finished "model_stages_$1" "$rc"
 }
 # ---------------------------------------------------------------- env: what ran, and the peaks MFU is measured against
+note "budget: ${TOTAL} s from the start of this script (deadline $BENCH_DEADLINE)"
 if started env; then
     rc=0
     timeout -k 10 "$LIMIT" "$PYTHON" - <<'PY' 2>&1 | tee -a "$OUTDIR/gpu_bench.txt" || rc=$?
@@ -193,7 +194,7 @@ env = {"stage": "env", "device": name, "python": platform.python_version(), "tor
 print(json.dumps(env), flush=True)
 with open(os.path.join(os.environ.get("OUT", "/tmp"), "gpu_bench.jsonl"), "a") as f:
     f.write(json.dumps(env) + "\n")
-print(f"measured bf16 matmul peak: {measured / 1e12:.1f} TFLOP/s; MFU is against "
+print(f"measured bf16 matmul peak: {measured / 1e12:.4g} TFLOP/s; MFU is against "
       f"{'the datasheet: %.1f TFLOP/s' % (sheet / 1e12) if sheet else 'the measured peak (GPU not in PEAK_TFLOPS)'}")
 PY
     finished env "$rc"

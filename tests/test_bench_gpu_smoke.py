@@ -22,7 +22,7 @@ def check_gpu_sh_output(tmp_path):
     # bf16 rounding only (measured 5.6e-3 and 7.8e-3 on the CPU): a wrong mask or dtype path gives O(1)
     assert float(re.search(r"bf16 autocast logits vs fp32 HF: max \|diff\| (\S+)", out).group(1)) < 5e-2, out
     assert float(re.search(r"varlen nested vs padded \(bf16\): max \|diff\| (\S+)", out).group(1)) < 3e-2, out
-    assert float(re.search(r"measured bf16 matmul peak: (\S+) TFLOP/s", out).group(1)) >= 0
+    assert float(re.search(r"measured bf16 matmul peak: (\S+) TFLOP/s", out).group(1)) > 0  # a measurement ran
     # The timings mean nothing on a CPU, but the arithmetic on them is the script's: tokens/s is the configuration's
     # real tokens (batch x seq x (1 - padding)) over the step time, and the ratio is ours/hf of those rates. Each
     # printed figure is checked within its own rounding (ms to 0.1, tokens/s to 1, ratio to 0.01).
@@ -177,6 +177,7 @@ def test_a_wheel_missing_from_the_folder_is_recorded_and_the_stages_still_run(tm
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2900)  # above its subprocesses' own limits (900 s + 1800 s): their output is kept
 def test_cpu_smoke_installs_from_the_wheels_folder_and_runs_every_stage(tmp_path):
     """``bash bench/gpu.sh --cpu-smoke`` with pydantic, DeepSpeed, megatron-core and their requirements unimportable:
     the script installs them from the wheels folder (pip --no-index, ``make gpu-wheels``) and runs the model step and
@@ -237,32 +238,37 @@ def test_a_hung_gpu_sh_stage_is_cut_at_its_own_limit_and_the_later_stages_still_
     every line printed before is kept. On 2026-12-04 a first H200 run without per-stage limits ran past its caller's
     limit and returned nothing; with one limit for all stages (the deadline) a hang in the first stage would still
     have cost every later one. What this cannot see: what hung there."""
-    import time
-
     absent = tmp_path / "absent"
     (absent / "deepspeed").mkdir(parents=True)
     (absent / "deepspeed" / "__init__.py").write_text("raise ImportError('no deepspeed')")
     (absent / "transformers").mkdir()
     (absent / "transformers" / "__init__.py").write_text("import time\ntime.sleep(3600)\n")
-    total = 20  # KEEP: core 28 %, trainer step 20, profile 8, HF 10, others 10 -> 5 + 4 + 1 + 2 + 2 s kept after env
-    env = dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(absent), WHEELS=str(tmp_path / "none"),
-               BENCH_DEADLINE=str(int(time.time()) + total))
-    start = time.time()
+    # Every stage below hangs on transformers until its limit, so the test takes the whole budget; 40 s leaves the
+    # later stages shares (KEEP) that bash's own overhead between stages cannot eat, on a busy machine too. The
+    # limits are checked against the budget gpu.sh logs, counted from its own start: the machine's load only moves
+    # how much of it the interpreter probes before the first stage take.
+    env = dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(absent), WHEELS=str(tmp_path / "none"), BUDGET_S="40")
+    env.pop("BENCH_DEADLINE", None)
     proc = subprocess.run(["bash", "bench/gpu.sh", "--cpu-smoke"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300)  # a hang guard only
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert time.time() - start < total + 30  # cut at the deadline at the latest (+ timeout's 10 s grace)
     records = [json.loads(line) for line in (tmp_path / "gpu_bench.jsonl").read_text().splitlines()]
-    assert records[0] == {"stage": "env", "failed": 124}, records
     text = (tmp_path / "gpu_bench.txt").read_text()
+    total = int(re.search(r"budget: (\d+) s from the start", text).group(1))
+    script = (REPO / "bench" / "gpu.sh").read_text()
+    order = re.search(r'^ORDER="([^"]+)"', script, flags=re.M).group(1).split()
+    keep = {k: int(v) for k, v in re.findall(r"\[(\w+)\]=(\d+)", script.split("declare -A KEEP=")[1].split(")")[0])}
     starts = re.findall(r"(\w+): start \((\d+) s for it, (\d+) s of the budget", text)
     limits = {name: (int(a), int(b)) for name, a, b in starts}
-    # env may run the whole budget less the 14 s the later stages keep, and no longer: the core stage starts with
-    # about those 14 s left (the kill and the next start take a moment)
-    assert limits["env"][0] == limits["env"][1] - 14, limits
-    assert 10 <= limits["model_stages_core"][1] <= 14, limits
+    for name, (limit, left) in limits.items():  # each stage may run the time left less what the later ones keep
+        kept = sum(keep[s] * total // 100 for s in order[order.index(name) + 1:])
+        assert limit == left - kept, (name, limits, total)
+    # env hangs and is cut at its limit (124), or, where the interpreter probes took its whole share on a busy
+    # machine, is skipped; either way the stages after it start with theirs
+    assert records[0] in ({"stage": "env", "failed": 124},
+                          {"stage": "env", "skipped": "time budget (BUDGET_S) spent"}), records
+    assert {"stage": "model_stages_core", "failed": 124} in records, records
     assert {"stage": "trainer_step", "skipped": "deepspeed or pydantic is not importable (make gpu-wheels, then "
             "bring bench/out/wheels)"} in records, records
-    # the HF comparison hangs too and is cut at its own limit: it ran although the env stage had hung before it
-    assert {"stage": "hf_comparison", "failed": 124} in records, records
-    assert "hf_comparison" in limits and limits["hf_comparison"][0] >= 1, limits
+    # the HF comparison hangs too and is cut at its own limit, after the stages before it hung
+    assert {"stage": "hf_comparison", "failed": 124} in records and limits["hf_comparison"][0] >= 1, (records, limits)
