@@ -28,7 +28,7 @@ def _rank_opens(prefix, cache, rank, launch, queue):
         queue.put((rank, f"{type(err).__name__}: {err}", time.monotonic() - start))
 
 
-def test_a_failed_build_on_rank_0_stops_the_waiting_rank_with_rank_0s_error(tmp_path):
+def test_a_failed_build_on_rank_0_stops_the_waiting_rank_with_rank_0s_error(tmp_path, monkeypatch):
     """Rank 0's build raises (one-sentence documents give no segment pairs); rank 1, waiting with a 30 s
     data.index_wait_timeout, stops with rank 0's error instead of waiting it out (before: TimeoutError after 30 s,
     with a 1 h default). Two processes as a launcher starts them (RANK and one launch id each)."""
@@ -51,22 +51,21 @@ def test_a_failed_build_on_rank_0_stops_the_waiting_rank_with_rank_0s_error(tmp_
     # file once that builder (here: a thread of this process, another launch) has written it
     import threading
 
-    os.environ["TORCHELASTIC_RUN_ID"] = "job-2"
-    try:
-        good = write_shards([[[5, 6], [7, 8, 9], [10]] for _ in range(20)], tmp_path / "docs", 100)
-        cache = tmp_path / "cache2"
-        corpus = IndexedCorpus(good, CachePolicy(cache))
-        from trainer.data.cache_file import failure_note_path, settings_hash
-        from trainer.data.sample_index import index_path, index_settings
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-2")
+    good = write_shards([[[5, 6], [7, 8, 9], [10]] for _ in range(20)], tmp_path / "docs", 100)
+    cache = tmp_path / "cache2"
+    corpus = IndexedCorpus(good, CachePolicy(cache))
+    from trainer.data.cache_file import failure_note_path, settings_hash
+    from trainer.data.sample_index import index_path, index_settings
 
-        key = settings_hash(index_settings(corpus, "segment-pair", 32, 0.0, 1, False))
-        note = failure_note_path(index_path(corpus, "segment-pair", key, cache))
-        note.write_text('{"key": "%s", "launch": "torchrun:job-1:0", "rank": 0, "error": "old"}' % key)
-        threading.Timer(1.0, lambda: load_or_build(corpus, "segment-pair", 32, 0.0, 1, False, cache)).start()
-        index = load_or_build(corpus, "segment-pair", 32, 0.0, 1, False, CachePolicy(cache, builder=False, timeout=60))
-        assert len(index) > 0 and not note.exists()  # the builder removed the old note before building
-    finally:
-        del os.environ["TORCHELASTIC_RUN_ID"]
+    key = settings_hash(index_settings(corpus, "segment-pair", 32, 0.0, 1, False))
+    note = failure_note_path(index_path(corpus, "segment-pair", key, cache))
+    note.write_text('{"key": "%s", "launch": "torchrun:job-1:0", "rank": 0, "error": "old"}' % key)
+    builder = threading.Timer(1.0, lambda: load_or_build(corpus, "segment-pair", 32, 0.0, 1, False, cache))
+    builder.start()
+    index = load_or_build(corpus, "segment-pair", 32, 0.0, 1, False, CachePolicy(cache, builder=False, timeout=60))
+    builder.join(timeout=120)  # done before monkeypatch puts the environment back
+    assert len(index) > 0 and not note.exists()  # the builder removed the old note before building
 
 
 def test_cache_keys_follow_the_code_that_lays_the_files_out(tmp_path, monkeypatch):
