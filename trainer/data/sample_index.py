@@ -48,6 +48,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,40 +220,52 @@ def write_index(corpus: IndexedCorpus, layout: Layout, path: Path, key: str, set
     compiled = sum(sizes_of) >= index_kernels.COMPILE_FROM
     tasks = [(p, first, layout, block, compiled) for p, first, _ in corpus.shards]
     total = 0
-    rows_tmp = path.parent / f".{path.name}.rows-{os.getpid()}"
+    # The packed rows' sizes wait in a file of this builder's own, beside the cache (8 bytes a sample: too many to
+    # hold at 2B sentences): anonymous (TemporaryFile: O_TMPFILE, or a random name unlinked at once), so two builders
+    # on one shared cache never meet in it, even with one pid on two hosts or containers (Kubernetes pods: each
+    # builder PID 1), and a killed builder leaves nothing. It was `.NAME.rows-PID`: such twins truncated and removed
+    # each other's, and one failed with FileNotFoundError. Read back through the open handle, never by name.
     with CacheWriter(path, "sample-index", key, [("chunks", "<i8", (3,)), ("row_ptr", "<i8", ())]) as w, \
-            open(rows_tmp, "wb") as rows:
-        try:
-            for chunks, sizes in _run(tasks, workers, sizes_of, budget):
-                w.append("chunks", chunks)
-                total += len(chunks)
-                if layout.packed:
-                    rows.write(np.asarray(sizes, np.int64).tobytes())
-            _check_nonempty(corpus, layout, total)
+            tempfile.TemporaryFile(dir=path.parent, prefix=f".{path.name}.rows-{_builder_id()}-") as rows:
+        for chunks, sizes in _run(tasks, workers, sizes_of, budget):
+            w.append("chunks", chunks)
+            total += len(chunks)
             if layout.packed:
-                rows.flush()
-                w.append("row_ptr", np.zeros(1, np.int64))
-                n = os.path.getsize(rows_tmp) // 8
-                sizes = np.memmap(rows_tmp, np.int64, mode="r", shape=(n,)) if n else np.zeros(0, np.int64)
-                base = 0
-                for lo in range(0, n, BLOCK):  # running sum block by block: bounded memory
-                    ptr = np.cumsum(sizes[lo:lo + BLOCK]) + base
-                    w.append("row_ptr", ptr)
-                    base = int(ptr[-1])
-                del sizes
-            # the settings themselves go beside the file (the header has a fixed size; a corpus of thousands of shards
-            # has a fingerprint of hundreds of kB)
-            w.commit({"packed": layout.packed, "format": layout.fmt, "samples": int(total)})
-        finally:
-            rows_tmp.unlink(missing_ok=True)
+                rows.write(np.asarray(sizes, np.int64).tobytes())
+        _check_nonempty(corpus, layout, total)
+        if layout.packed:
+            rows.flush()
+            w.append("row_ptr", np.zeros(1, np.int64))
+            n = os.fstat(rows.fileno()).st_size // 8
+            sizes = np.memmap(rows, np.int64, mode="r", shape=(n,)) if n else np.zeros(0, np.int64)
+            base = 0
+            for lo in range(0, n, BLOCK):  # running sum block by block: bounded memory
+                ptr = np.cumsum(sizes[lo:lo + BLOCK]) + base
+                w.append("row_ptr", ptr)
+                base = int(ptr[-1])
+            del sizes
+        # the settings themselves go beside the file (the header has a fixed size; a corpus of thousands of shards
+        # has a fingerprint of hundreds of kB)
+        w.commit({"packed": layout.packed, "format": layout.fmt, "samples": int(total)})
     _write_description(path, settings)
+
+
+def _builder_id() -> str:
+    """HOST-PID-RANDOM: what makes this builder's temporary names its own on a cache shared by hosts, containers
+    and PID namespaces (the CacheWriter temporaries' scheme, trainer/data/cache_file.py)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def _write_description(path: Path, settings: dict) -> None:
     """``NAME.json`` beside a cache file: what it was built from, for people (nothing reads it back)."""
-    tmp = path.with_name(f".{path.name}.json.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(settings, indent=1, sort_keys=True))
-    os.replace(tmp, path.with_name(path.name + ".json"))
+    # HOST-PID-RANDOM: two builders with one pid (two pods) wrote and renamed one `.NAME.json.tmpPID`, and the
+    # second rename failed with FileNotFoundError
+    tmp = path.with_name(f".{path.name}.json.tmp-{_builder_id()}")
+    try:
+        tmp.write_text(json.dumps(settings, indent=1, sort_keys=True))
+        os.replace(tmp, path.with_name(path.name + ".json"))
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 BUILD_MEMORY = 2 << 30  # bytes the shards in flight may hold together (see ``threads_for``)
