@@ -14,6 +14,15 @@ from trainer.models import MLM, NSP, HeadSpec, PretrainingModel, get_preset
 HEADS = {MLM: HeadSpec("mlm"), NSP: HeadSpec("sequence", 2)}
 
 
+@pytest.fixture(autouse=True)
+def _restore_recompile_limit():
+    """compile_layers raises dynamo's process-wide recompile_limit (the product does so on purpose): put it back after
+    each test, so that the modules after this one run with the limit they would have had without it."""
+    before = torch._dynamo.config.recompile_limit
+    yield
+    torch._dynamo.config.recompile_limit = before
+
+
 def _pair(layers=4, **kw):
     torch.manual_seed(0)
     cfg = get_preset("tiny", num_layers=layers, dropout=0.0, attention_dropout=0.0, **kw)
