@@ -6,14 +6,13 @@
 """
 from __future__ import annotations
 
-from data_prep.annotate import make_annotator
 from data_prep.manifest import tokenizer_dir
 from data_prep.tokenizer import load_tokenizer
 from trainer.data.dataset import cache_policy
 from trainer.data.loader import build_dataloader
 from trainer.ernie.continual import ContinualPlan, EvalPlan
 from trainer.ernie.data import ErnieCollator, KnowledgeMaskedDataset, MultiTaskDataset
-from trainer.ernie.dlm import DialogueFile
+from trainer.ernie.dlm import dlm_dialogues
 from trainer.ernie.tasks import PairTaskFile
 from trainer.log import print0
 from trainer.loop import Components
@@ -38,15 +37,9 @@ def build_dataset(cfg, tokenizer, objective, split: str = "train", global_batch:
         rows = plan if split == "train" else EvalPlan(opt.continual)
         return MultiTaskDataset(cfg.data, tokenizer, cfg.seed, split, opt.knowledge_masking, G, rows,
                                 opt.reorder_max_pieces, pairs, opt.token_document_max_tokens), plan
-    dialogues, dlm = None, opt.dlm
-    path = None if dlm is None else dlm.path if split == "train" else dlm.valid_path
-    if path is not None:
-        if dlm.annotate:
-            make_annotator(dlm.annotate)  # a bad spec fails here, on every rank, before any waiting
-        cache = cache_policy(cfg.data)
-        dialogues = DialogueFile(path, tokenizer, dlm.annotate, tokenizer.path if dlm.annotate else None,
-                                 cache=cache, workers=cache.workers,
-                                 key=f"objective.options.dlm.{'path' if split == 'train' else 'valid_path'}")
+    dlm = opt.dlm
+    # the same cache file `python -m trainer.data.build_index` builds ahead of the job (dlm_dialogues)
+    dialogues = dlm_dialogues(dlm, tokenizer, split, cache_policy(cfg.data))
     dataset = KnowledgeMaskedDataset(cfg.data, tokenizer, cfg.seed, split, opt.knowledge_masking, G, dialogues,
                                 dlm.every if dialogues else 0, dlm.num_turns if dlm else 3,
                                 dlm.fake_prob if dlm else 0.5)

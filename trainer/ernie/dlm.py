@@ -199,6 +199,24 @@ class DialogueFile:
         raise ValueError("DLM needs at least two dialogues to draw fake turns from")
 
 
+def dlm_dialogues(dlm, tokenizer, split: str, cache) -> DialogueFile | None:
+    """The ``DialogueFile`` an ERNIE 1.0 run reads for ``split`` (``dlm``: ``objective.options.dlm``, an
+    ``ErnieOptions.dlm``): ``dlm.path`` for training, ``dlm.valid_path`` for evaluation; None where it reads none.
+    ``cache``: the run's ``CachePolicy`` (``data.cache_dir``). One function for the trainer (``build_dataset``, at
+    start) and ``python -m trainer.data.build_index`` (ahead of the job), so both make the same cache file: what the
+    one builds, the other finds (with ``data.require_prebuilt_index: true`` it must)."""
+    path = None if dlm is None else dlm.path if split == "train" else dlm.valid_path
+    if path is None:
+        return None
+    if dlm.annotate:
+        from data_prep.annotate import make_annotator  # noqa: PLC0415
+
+        make_annotator(dlm.annotate)  # a bad spec fails here, on every rank, before any waiting
+    return DialogueFile(path, tokenizer, dlm.annotate, tokenizer.path if dlm.annotate else None, cache=cache,
+                        workers=cache.workers,
+                        key=f"objective.options.dlm.{'path' if split == 'train' else 'valid_path'}")
+
+
 class _PerDialogue:
     """``x[d]``: the list of per-turn arrays of dialogue d (views of the mapped arrays)."""
 
