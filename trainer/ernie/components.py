@@ -46,6 +46,36 @@ def build_dataset(cfg, tokenizer, objective, split: str = "train", global_batch:
     return dataset, None
 
 
+def eval_repeat(cfg, valid, global_batch: int) -> str:
+    """The note ``trainer.pretrain`` prints when one evaluation (train.eval_batches x the global batch) reads more
+    samples than the held-out data holds, for ERNIE's evaluation set ("" when it does not): its corpus steps read
+    ``data.valid_corpora`` in order (``len(valid)`` samples, then the same again), ERNIE 1.0's DLM steps draw from
+    ``dlm.valid_path``'s dialogues, ERNIE 2.0's labelled-pair steps from the task's pair file. The count given to
+    the note is the most distinct samples an evaluation can read: each part's reads capped at what it holds."""
+    from trainer.pretrain import eval_repeat_note  # noqa: PLC0415 (the generic path's note, one wording)
+
+    steps = cfg.train.eval_batches
+    corpus_steps = valid.corpus_steps_before(steps)
+    parts = [(corpus_steps * global_batch, len(valid), "held-out corpus rows from the {} samples of "
+                                                           "data.valid_corpora")]
+    dialogues = getattr(valid, "dialogues", None)
+    if dialogues is not None and getattr(valid, "dlm_every", 0) > 0:
+        parts.append(((steps - corpus_steps) * global_batch, len(dialogues),
+                      "DLM rows from the {} dialogues of objective.options.dlm.valid_path"))
+    elif steps > corpus_steps:  # ERNIE 2.0: rows of the labelled-pair tasks, each from its own file
+        formats = valid.plan.formats
+        for name, pairs in getattr(valid, "pair_files", {}).items():
+            reads = sum(1 for step in range(steps) if valid._sentence_task(set(formats[step % len(formats)])) == name)
+            parts.append((reads * global_batch, len(pairs),
+                          f"{name} rows from the {{}} labelled pairs of objective.options.{name}.path"))
+    reads = sum(r for r, _, _ in parts)
+    distinct = sum(min(r, held) for r, held, _ in parts if r)
+    if reads == 0 or distinct >= reads:
+        return ""
+    detail = "; ".join(f"{r} {what.format(held)}" for r, held, what in parts if r)
+    return f"{eval_repeat_note(cfg, distinct)} [ERNIE: one evaluation reads {detail}]"
+
+
 def ernie_components(cfg, rank: int, world_size: int, device: str, objective) -> Components:
     """``objective``: the run's ``ErnieObjective`` or ``Ernie2Objective`` (``trainer.objectives.get_objective``)."""
     model = objective.build_model(cfg.model)
@@ -68,6 +98,10 @@ def ernie_components(cfg, rank: int, world_size: int, device: str, objective) ->
         # was eval_batches x micro x world positions: a resume at another world size changed it.
         per_eval = cfg.train.eval_batches * G
         valid, _ = build_dataset(cfg, tokenizer, objective, "valid", global_batch=G)
+        if cfg.train.eval_every:
+            note = eval_repeat(cfg, valid, G)
+            if note:
+                print0(note)
         formats = getattr(valid.plan, "formats", None) if plan is not None else None
         if formats and cfg.train.eval_batches < len(formats):
             print0(f"warning: train.eval_batches = {cfg.train.eval_batches} evaluates only the first "
