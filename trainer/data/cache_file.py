@@ -28,9 +28,14 @@ temporary file (removed by the next builder on the same host) and no final file,
 whose build raises leaves ``NAME.failed.json`` (its error, rank, host and launch id) before re-raising; waiting ranks
 of the same launch check for it at every poll (at most 2 s apart) and stop with that error (``BuildFailed``) instead
 of waiting out ``timeout`` (1 h by default). The next builder removes it before building.
+
+A builder that cannot write the cache folder (a corpus on a read-only mount with the default ``index_cache/`` beside
+it, a folder without write permission) stops with ``CacheNotWritable``: the folder, ``data.cache_dir`` and the
+command that prebuilds the file, instead of a bare ``OSError``.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import mmap
@@ -104,6 +109,31 @@ class CachePolicy:
     """bytes a sample-index build may hold in flight (None: sample_index.BUILD_MEMORY); data.index_memory_gb"""
     hint: str = "python -m trainer.data.build_index --config RECIPE"
     """the command that builds the cache ahead of a job, printed in errors"""
+
+
+class CacheNotWritable(OSError):
+    """The builder cannot write the cache folder (read-only filesystem, no permission); the message names the folder,
+    ``data.cache_dir`` and the command that prebuilds the file."""
+
+
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _not_writable(err: BaseException, path: Path, what: str, policy: CachePolicy) -> CacheNotWritable | None:
+    """``err`` as ``CacheNotWritable`` when it is a refused write into ``path``'s folder (or the making of that folder
+    or of one above it), else None: other errors of a build (an unreadable shard) keep their own message."""
+    if not isinstance(err, OSError) or err.errno not in _NOT_WRITABLE or err.filename is None:
+        return None
+    folder = os.path.abspath(path.parent)
+    target = os.path.abspath(os.fsdecode(err.filename))
+    if not (target == folder or target.startswith(folder + os.sep) or folder.startswith(target + os.sep)):
+        return None
+    return CacheNotWritable(
+        err.errno,
+        f"cannot build {what}: the cache folder {folder} is not writable ({err.strerror}: {target}), and the file "
+        f"{path.name} is not there prebuilt. Put the cache on a writable filesystem with data.cache_dir (e.g. --set "
+        f"data.cache_dir=/scratch/$USER/bertfamily-cache; by default it is index_cache/ beside the first corpus), "
+        f"or prebuild it, with this run's settings, where that folder is writable:\n    {policy.hint}")
 
 
 class BuildFailed(RuntimeError):
@@ -330,7 +360,10 @@ def ensure(path: str | os.PathLike, kind: str, key: str, build: Callable[[Path],
         try:
             build(path)
         except BaseException as err:
-            _write_failure_note(note, key, what, err)
+            clear = _not_writable(err, path, what, policy)
+            _write_failure_note(note, key, what, clear or err)
+            if clear is not None:
+                raise clear from err
             raise
         return open_cache(path, kind, key)
     deadline = time.monotonic() + policy.timeout
