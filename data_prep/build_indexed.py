@@ -464,7 +464,7 @@ def main(argv=None) -> int:
         return 2
     if world.rank != 0:
         return 0
-    manifest = finalize(prefix, workdir, pieces, inputs, settings, tokenizer, args.tokenizer, dir_skips)
+    manifest = finalize(prefix, workdir, pieces, identity["inputs"], settings, tokenizer, args.tokenizer, dir_skips)
     _summary(prefix, manifest, time.time() - t0, sum(n for _, n in statuses))
     if args.annotate:
         _annotate(prefix, args.annotate, args.workers, only_missing=False)

@@ -4,14 +4,15 @@ It lists the shards in order (prefix relative to the manifest's folder, counts, 
 they were made with (its fingerprint), the inputs and their sizes, bad input skipped by reason, and the settings
 that define the output. It holds nothing that varies between runs of the same command (no times, no worker or rank
 counts, no host names), so a rerun, a restart after a kill, or a run on another number of workers writes the same
-bytes. Shape (DESIGN.md "Shards and manifest"):
+bytes. An input's ``mtime_ns`` is the file's own (what ``build_indexed`` compares, for equality, to decide that the
+corpus is up to date), not a time of the run. Shape (DESIGN.md "Shards and manifest"):
 
     {"format": "bertfamily-indexed", "version": 1, "tool_version": "0.1.0",
      "tokenizer": {"path", "fingerprint", "kind", "vocab_size"}, "dtype": "uint16",
      "shards": [{"prefix": "pydocs_00000", "documents", "sentences", "tokens", "bin_bytes", "bin_sha256",
                  "idx_sha256", "input", "input_range": [start, end or null]}],
      "totals": {"shards", "documents", "sentences", "tokens", "bin_bytes", "input_bytes"},
-     "inputs": [{"path", "bytes"}], "skipped": {"reason": count}, "settings": {...}}
+     "inputs": [{"path", "bytes", "mtime_ns"}], "skipped": {"reason": count}, "settings": {...}}
 
 The tokenizer's path is stored relative to the manifest's folder when the tokenizer folder lies inside that folder's
 parent (under it, ``"tok"``, or next to it, ``"../tok"``), so a corpus prepared once and copied to shared storage
@@ -87,6 +88,9 @@ class Totals(_Strict):
 class InputInfo(_Strict):
     path: str
     bytes: int
+    mtime_ns: int | None = None
+    """The input's modification time (st_mtime_ns) when the corpus was planned; a rerun rebuilds unless the input
+    still has this time and ``bytes``. Absent: a manifest written before it was recorded, or builtin:pydocs."""
 
 
 class Manifest(_Strict):
@@ -136,6 +140,9 @@ def dumps(manifest: dict) -> str:
     model = Manifest.model_validate(manifest)
     data = model.model_dump(mode="json")
     data["skipped"] = dict(sorted(data["skipped"].items()))
+    for item in data["inputs"]:  # no mtime recorded (builtin:pydocs, older manifests): the key stays out
+        if item.get("mtime_ns") is None:
+            item.pop("mtime_ns", None)
     for shard in data["shards"]:  # an unannotated corpus's manifest stays as it was
         if shard.get("sidecar") is None:
             shard.pop("sidecar", None)
@@ -241,4 +248,8 @@ def _read_stored(path: Path) -> dict:
         key = ".".join(str(p) for p in first["loc"])
         raise ValueError(f"{path}: key {key!r}: {first['msg']} ({len(err.errors())} problem(s)); rebuild the corpus "
                          f"with this version of build_indexed.py") from err
-    return model.model_dump(mode="json")
+    data = model.model_dump(mode="json")
+    for item in data["inputs"]:  # as stored: no key where no mtime was recorded
+        if item.get("mtime_ns") is None:
+            item.pop("mtime_ns", None)
+    return data

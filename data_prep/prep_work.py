@@ -170,8 +170,11 @@ def finished_pieces(workdir: Path, prefix: str, pieces: list[Piece], mine: list[
 # ---------------------------------------------------------------------------------------------------- finalize
 
 
-def finalize(prefix: str, workdir: Path, pieces: list[Piece], inputs: list[str], settings: Settings,
+def finalize(prefix: str, workdir: Path, pieces: list[Piece], inputs: list[dict], settings: Settings,
               tokenizer, tokenizer_arg: str, extra_skipped: Counter) -> dict:
+    """``inputs``: the plan's input records (``plan_identity``: path, bytes, mtime_ns), stored as the manifest's
+    ``inputs``: what the inputs were when the run planned its pieces, so an input changed during the run does not
+    match at the next run (which rebuilds), where a stat taken now would."""
     records = []
     for p in pieces:
         rec = workdir / record_name(p.index)
@@ -215,7 +218,7 @@ def finalize(prefix: str, workdir: Path, pieces: list[Piece], inputs: list[str],
         m = pattern.match(path.name)
         if m and int(m.group(1)) >= len(shards):
             path.unlink()
-    input_info = [{"path": p, "bytes": sources.input_bytes(p)} for p in inputs]
+    input_info = [{k: i[k] for k in ("path", "bytes", "mtime_ns") if k in i} for i in inputs]
     manifest = {
         "format": mf.FORMAT, "version": mf.VERSION, "tool_version": __version__,
         # write_manifest stores it relative to the manifest's folder when it lies there or next to it (a corpus
@@ -242,9 +245,18 @@ def up_to_date(prefix: str, identity: dict, tokenizer) -> bool:
             and [(i["path"], i["bytes"]) for i in old["inputs"]] == [(i["path"], i["bytes"]) for i in identity["inputs"]])
     if not same:
         return False
+    # An input is unchanged when its size and modification time (mtime_ns) are the ones recorded when the corpus was
+    # planned: equality, not "older than the manifest", so a file edited on a node whose clock is behind, or copied
+    # over with its old time kept (cp -p, rsync -a), is rebuilt, and a clock ahead does not rebuild a corpus in use.
+    # A manifest written before inputs recorded their mtime_ns keeps the old rule: an input modified after the
+    # manifest file was written is changed (builtin:pydocs has no mtime either way).
     written = mf.manifest_path(prefix).stat().st_mtime_ns
-    if any(i.get("mtime_ns", 0) > written for i in identity["inputs"]):
-        return False  # an input was modified after the manifest was written
+    for recorded, now in zip(old["inputs"], identity["inputs"]):
+        if recorded.get("mtime_ns") is not None:
+            if recorded["mtime_ns"] != now.get("mtime_ns"):
+                return False
+        elif now.get("mtime_ns", 0) > written:
+            return False
     root = mf.manifest_path(prefix).parent
     for s in old["shards"]:
         bin_path, idx_path = root / (s["prefix"] + ".bin"), root / (s["prefix"] + ".idx")
