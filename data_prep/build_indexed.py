@@ -28,6 +28,10 @@ manifest matches the command is left alone, even beside another command's unfini
 until that command is rerun, or discarded by --overwrite); a finished corpus stays usable while another command's
 run is under way, and is replaced only by that run's finalize.
 
+One run per output prefix at a time (data_prep/prep_lock.py): rank 0 holds ``OUT/.NAME.lock/`` from before the
+up-to-date check to its exit; a second launch on the same prefix is refused naming the live holder (two runs would
+write the same work files), and the lock of a run that died is taken over (--lock-stale-s).
+
 MPI: launched by ``mpirun``/``srun`` (detected from OMPI_COMM_WORLD_SIZE, PMI_SIZE or a Slurm step with several
 tasks), ranks split the pieces; mpi4py is imported only then, after the worker pool is gone (forking an initialised
 MPI process is unsafe). Bad input: see data_prep/sources.py (counted by reason in the summary and the manifest, or
@@ -61,7 +65,7 @@ from pathlib import Path
 import numpy as np
 
 from data_prep import manifest as mf
-from data_prep import sources
+from data_prep import prep_lock, sources
 from data_prep.prep_work import (Piece, Settings, World, auto_chunk_bytes, finalize, finished_pieces, plan_identity,
                                  plan_pieces, prepare_workdir, record_name, same_unfinished_run, up_to_date,
                                  write_json_atomic)
@@ -356,6 +360,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help=".txt documents longer than this are cut into several")
     ap.add_argument("--tokenizer-threads", type=int, default=0, help="Rust threads per worker; 0 = cores/workers")
     ap.add_argument("--overwrite", action="store_true", help="discard an unfinished run with other settings")
+    ap.add_argument("--lock-stale-s", type=float, default=prep_lock.STALE_S, help="a run on another host holding "
+                    "this prefix's lock is taken to be dead once its heartbeat has not moved this long "
+                    "(data_prep/prep_lock.py; on this host a dead pid is seen at once)")
     ap.add_argument("--annotate", metavar="SPEC", help="then write ERNIE span side-cars beside every shard "
                     "(data_prep/annotate.py: jieba | gazetteer:FILE | jsonl:FILE)")
     args = ap.parse_args(argv)
@@ -370,6 +377,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         # the files would be DIR/.manifest.json (hidden) and DIR/_00000.bin: a corpus nothing can name
         ap.error(f"--output-prefix {prefix!r} names a folder; give FOLDER/NAME, e.g. "
                  f"{os.path.join(prefix, 'corpus')} (writes corpus_00000.bin/.idx ... and corpus.manifest.json)")
+    if not (math.isfinite(args.lock_stale_s) and args.lock_stale_s > 0):
+        ap.error(f"--lock-stale-s {args.lock_stale_s}: must be a positive number of seconds")
     for key in ("chunk_size_mb", "shard_size_mb", "max_line_mb", "max_document_mb"):
         value = getattr(args, key)
         if value is not None and not (math.isfinite(value) and value > 0):  # nan passed a plain `<= 0` check
@@ -421,54 +430,64 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
-    if up_to_date(prefix, identity, tokenizer) and not same_unfinished_run(workdir, identity):
-        say(f"{mf.manifest_path(prefix)} is up to date with this command; "
-            + (f"checking its side-cars for --annotate {args.annotate}" if args.annotate else
-               f"nothing to do (inspect it with data_prep/inspect_indexed.py {prefix})"))
-        if args.annotate and world.rank == 0:  # finish an annotation that was interrupted, or add one
-            _annotate(prefix, args.annotate, args.workers, only_missing=True)
-        if workdir.exists() and args.overwrite:
-            if world.rank == 0:
-                shutil.rmtree(workdir, ignore_errors=True)
-            say(f"--overwrite: discarded the unfinished run of another command in {workdir}")
-        elif workdir.exists():
-            say(f"note: {workdir} holds an unfinished run of another command; it is left alone (rerun that command "
-                f"to finish it: its end replaces this corpus; or add --overwrite to this one to discard it)")
-        return 0
-    # The finished corpus at PREFIX (if any) stays usable while this run works in PREFIX.work/: its manifest is
-    # removed only by finalize, just before the first shard is renamed over its files.
-    prepare_workdir(workdir, identity, args.overwrite, world, pieces)
-    mine = [p for p in pieces if p.index % world.size == world.rank]
-    done = finished_pieces(workdir, prefix, pieces, mine)
-    todo = [p for p in mine if p.index not in done]
-    if done:
-        say(f"restart: {len(done)} of {len(mine)} pieces already finished and verified; {len(todo)} to do")
-    say(f"{len(inputs)} input(s), {len(pieces)} piece(s), {args.workers} worker(s)"
-        + (f" x {world.size} ranks" if world.is_mpi else "") + f", tokenizer {tokenizer.kind} "
-        f"vocab {tokenizer.vocab_size} -> {settings.dtype}")
-    _import_builder()  # before the pool forks (each worker would spend seconds importing it) and the bar starts
-    status, todo_bytes = "ok", 0
+    # One run per prefix (data_prep/prep_lock.py): held by rank 0 from before the up-to-date check to the end
     try:
-        todo_bytes = sum(sources.piece_size(p.path, p.start, p.end) for p in todo)
-        _run_pieces(todo, args, settings, workdir, world, todo_bytes)
-    except (sources.InputError, WorkerDied) as err:
-        status = f"rank {world.rank}: {err}"
-    except KeyboardInterrupt:
-        status = f"rank {world.rank}: interrupted"
-    statuses = _mpi_allgather(world, (status, todo_bytes))
-    failed = [s for s, _ in statuses if s != "ok"]
-    if failed:
-        for s in failed:
-            say(f"error: {s}", file=sys.stderr)
-        say("finished pieces are kept: rerun the same command to continue", file=sys.stderr)
+        with prep_lock.holding(prefix, args.lock_stale_s, world.rank) as lock:
+            if up_to_date(prefix, identity, tokenizer) and not same_unfinished_run(workdir, identity):
+                say(f"{mf.manifest_path(prefix)} is up to date with this command; "
+                    + (f"checking its side-cars for --annotate {args.annotate}" if args.annotate else
+                       f"nothing to do (inspect it with data_prep/inspect_indexed.py {prefix})"))
+                if args.annotate and world.rank == 0:  # finish an annotation that was interrupted, or add one
+                    _annotate(prefix, args.annotate, args.workers, only_missing=True)
+                if workdir.exists() and args.overwrite:
+                    if world.rank == 0:
+                        shutil.rmtree(workdir, ignore_errors=True)
+                    say(f"--overwrite: discarded the unfinished run of another command in {workdir}")
+                elif workdir.exists():
+                    say(f"note: {workdir} holds an unfinished run of another command; it is left alone (rerun that "
+                        f"command to finish it: its end replaces this corpus; or add --overwrite to this one to "
+                        f"discard it)")
+                return 0
+            # The finished corpus at PREFIX (if any) stays usable while this run works in PREFIX.work/: its manifest is
+            # removed only by finalize, just before the first shard is renamed over its files.
+            prep_lock.wait_for_rank0(prefix, world.rank, args.lock_stale_s)  # ranks > 0: rank 0 holds it for us
+            prepare_workdir(workdir, identity, args.overwrite, world, pieces)
+            mine = [p for p in pieces if p.index % world.size == world.rank]
+            done = finished_pieces(workdir, prefix, pieces, mine)
+            todo = [p for p in mine if p.index not in done]
+            if done:
+                say(f"restart: {len(done)} of {len(mine)} pieces already finished and verified; {len(todo)} to do")
+            say(f"{len(inputs)} input(s), {len(pieces)} piece(s), {args.workers} worker(s)"
+                + (f" x {world.size} ranks" if world.is_mpi else "") + f", tokenizer {tokenizer.kind} "
+                f"vocab {tokenizer.vocab_size} -> {settings.dtype}")
+            _import_builder()  # before the pool forks (each worker would spend seconds importing it) and the bar starts
+            status, todo_bytes = "ok", 0
+            try:
+                todo_bytes = sum(sources.piece_size(p.path, p.start, p.end) for p in todo)
+                _run_pieces(todo, args, settings, workdir, world, todo_bytes)
+            except (sources.InputError, WorkerDied) as err:
+                status = f"rank {world.rank}: {err}"
+            except KeyboardInterrupt:
+                status = f"rank {world.rank}: interrupted"
+            statuses = _mpi_allgather(world, (status, todo_bytes))
+            failed = [s for s, _ in statuses if s != "ok"]
+            if failed:
+                for s in failed:
+                    say(f"error: {s}", file=sys.stderr)
+                say("finished pieces are kept: rerun the same command to continue", file=sys.stderr)
+                return 2
+            if world.rank != 0:
+                return 0
+            lock.check_held()  # nothing is renamed by a run that lost its lock
+            manifest = finalize(prefix, workdir, pieces, identity["inputs"], settings, tokenizer, args.tokenizer,
+                                dir_skips)
+            _summary(prefix, manifest, time.time() - t0, sum(n for _, n in statuses))
+            if args.annotate:
+                _annotate(prefix, args.annotate, args.workers, only_missing=False)
+            return 0
+    except prep_lock.RunLockedError as err:  # another live run builds this prefix, or this run lost the lock
+        print(f"error: rank {world.rank}: {err}" if world.is_mpi else f"error: {err}", file=sys.stderr)
         return 2
-    if world.rank != 0:
-        return 0
-    manifest = finalize(prefix, workdir, pieces, identity["inputs"], settings, tokenizer, args.tokenizer, dir_skips)
-    _summary(prefix, manifest, time.time() - t0, sum(n for _, n in statuses))
-    if args.annotate:
-        _annotate(prefix, args.annotate, args.workers, only_missing=False)
-    return 0
 
 
 def _annotate(prefix: str, spec: str, workers: int, only_missing: bool) -> None:
