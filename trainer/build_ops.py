@@ -9,11 +9,12 @@ DeepSpeed builds some of its C++ ops just in time, on first use, into torch's ex
   ~40 s.
 
 Built at start-up, that time lands inside a job: the first ranks compile while the others wait on torch's build
-lock, a launch's time limit can run out during it, and a rank killed mid-build leaves the lock behind, on which
-every later run waits. ``python -m trainer.build_ops`` builds them beforehand (``make venv`` runs it; on a cluster,
-run it once per node image or shared extensions folder) and says what it built. An op this machine cannot build is
-reported and skipped, and training falls back as it would have (the trainer never needs these ops: torch's AdamW
-and torch.distributed work without them).
+lock, a launch's time limit can run out during it, and a rank killed mid-build leaves the lock behind (the trainer
+removes such a lock once it is stale, or stops naming it when the op is not built: ``trainer/ext_lock.py``; this
+command removes it either way, then builds). ``python -m trainer.build_ops`` builds them beforehand (``make venv``
+runs it; on a cluster, run it once per node image or shared extensions folder) and says what it built. An op this
+machine cannot build is reported and skipped, and training falls back as it would have (the trainer never needs these
+ops: torch's AdamW and torch.distributed work without them).
 
 Ops DeepSpeed installs prebuilt (``DS_BUILD_FUSED_ADAM=1 pip install deepspeed``, README "GPU setup") are not
 touched: DeepSpeed loads those from its install and never JIT-compiles them.
@@ -25,6 +26,7 @@ import sys
 import time
 
 from data_prep.known_noise import choose_cpu_accelerator
+from trainer.ext_lock import clear_stale_locks
 
 # (DeepSpeed builder name, when the trainer loads it)
 OPS = (("CPUAdamBuilder", "ZeRO-Offload's optimizer"),
@@ -51,6 +53,9 @@ def build(names: tuple[str, ...] | None = None, quiet: bool = False) -> list[tup
             continue
         t0 = time.perf_counter()
         try:
+            # a lock left by a killed build or load would make torch wait forever (trainer/ext_lock.py); this
+            # command builds next, so a stale lock of an unbuilt op is removed too
+            clear_stale_locks([builder.name], allow_unbuilt=True)
             builder.load(verbose=False)
         except Exception as err:  # noqa: BLE001  (a compiler error: reported, the run falls back without the op)
             first = str(err).splitlines()[0] if str(err) else ""

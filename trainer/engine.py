@@ -98,13 +98,33 @@ def restore_environment() -> None:
             os.environ[k] = v
 
 
-def init_distributed(timeout_minutes: float) -> tuple[int, int]:
+def op_build_name(builder_name: str) -> str | None:
+    """The torch extension name (its build folder) of DeepSpeed's op builder ``builder_name`` on this accelerator
+    (``ShareMemCommBuilder`` -> ``deepspeed_shm_comm``), or None when it has none here."""
+    builder = get_accelerator().create_op_builder(builder_name)
+    return None if builder is None else builder.name
+
+
+def clear_stale_op_locks(builder_names, should_stop=None) -> None:
+    """Before DeepSpeed JIT-loads these ops: their stale torch build locks removed, live ones waited on
+    (``trainer/ext_lock.py``): a lock left by a killed build or load otherwise hangs the start silently."""
+    from trainer.ext_lock import clear_stale_locks
+    ops = [n for n in map(op_build_name, builder_names) if n]
+    if ops:
+        clear_stale_locks(ops, should_stop=should_stop)
+
+
+def init_distributed(timeout_minutes: float, should_stop=None) -> tuple[int, int]:
     """Join (or, without a launcher, create) the process group; returns (rank, world size).
 
     torchrun and the deepspeed launcher set RANK/WORLD_SIZE; under mpirun DeepSpeed discovers the MPI environment
     itself (mpi4py). With no launcher at all we make a one-rank group on a free local port, so
     ``python -m trainer.pretrain`` needs nothing else. The timeout bounds every collective: when a rank dies the
     others fail after it (gloo usually notices a closed socket at once) instead of hanging the job.
+
+    On the CPU accelerator DeepSpeed loads its ``deepspeed_shm_comm`` op here, through torch's build lock: a stale
+    lock is cleared first (``clear_stale_op_locks``); ``should_stop()`` true (a SIGTERM recorded by the caller) ends
+    a wait on a live one with ``ext_lock.ExtensionLockWaitStopped``.
     """
     launched = any(k in os.environ for k in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"))
     if not launched and "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
@@ -128,6 +148,8 @@ def init_distributed(timeout_minutes: float) -> tuple[int, int]:
         index = local_device_index()
         _device_local_rank(index)
         get_accelerator().set_device(index)
+    if get_accelerator().device_name() == "cpu":
+        clear_stale_op_locks(["ShareMemCommBuilder"], should_stop)
     backend = "gloo" if get_accelerator().device_name() == "cpu" else get_accelerator().communication_backend_name()
     deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(minutes=timeout_minutes),
                                auto_mpi_discovery=True, verbose=False)
@@ -244,6 +266,7 @@ def build_optimizer(cfg: OptimConfig, model: torch.nn.Module, device: str, ds_co
     adam_groups = groups or param_groups(model, cfg.weight_decay)
     if cfg.name == "adamw" and offloads_optimizer(ds_config):
         from deepspeed.ops.adam import DeepSpeedCPUAdam
+        clear_stale_op_locks(["CPUAdamBuilder"])  # DeepSpeedCPUAdam loads cpu_adam through torch's build lock
 
         cls = type("GuardedCPUAdam", (NonFiniteGuard, DeepSpeedCPUAdam), {})
         return cls(adam_groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
@@ -384,8 +407,18 @@ class Engine:
 
     def save(self, ckpt_root: Path, tag: str, client_state: dict) -> None:
         """Every rank writes its shards of ``ckpt_root/tag``; DeepSpeed's own ``latest`` is not touched (we move
-        ours atomically once all ranks are done)."""
-        self.engine.save_checkpoint(str(ckpt_root), tag=tag, client_state=client_state, save_latest=False)
+        ours atomically once all ranks are done).
+
+        A failure while the checkpoint filesystem is (nearly) full is raised as ENOSPC naming the folder, whatever
+        the writer said (torch's zip writer drops the errno, and its words change between versions), so that
+        ``checkpoint.save`` stops the run as disk full (``trainer/disk_space.py``)."""
+        try:
+            self.engine.save_checkpoint(str(ckpt_root), tag=tag, client_state=client_state, save_latest=False)
+        except Exception as err:
+            from trainer.disk_space import as_disk_full, is_disk_full
+            if not is_disk_full(err) and is_disk_full(err, Path(ckpt_root) / tag):
+                raise as_disk_full(err, Path(ckpt_root) / tag) from err
+            raise
 
     def load(self, ckpt_root: Path, tag: str) -> dict:
         """Every file DeepSpeed reads here is loaded weights-only (``trainer.safe_load``): a checkpoint that would

@@ -114,8 +114,15 @@ class MetricsLogger:
             return
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        # Append: a resumed run continues the same file (plot() keeps the last record of a repeated step).
-        self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        # Append: a resumed run continues the same file (plot() keeps the last record of a repeated step). Each
+        # record is one O_APPEND write of unbuffered bytes (as the downstream runner's), so a failed write (a full
+        # disk) leaves nothing queued for close() to retry; a line an earlier run left cut is dropped first.
+        self.path = run_dir / "metrics.jsonl"
+        cut = drop_cut_last_line(self.path)
+        self.jsonl = open(self.path, "ab", buffering=0)
+        if cut:
+            print0(f"metrics: {self.path} ended in a cut line (an earlier run stopped while writing it: a full disk, "
+                   f"a kill); dropped its {len(cut)} bytes ({cut[:60]!r}...) so every line stays one JSON record")
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1)
@@ -140,12 +147,19 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = {"step": step, **({"split": split} if split != "train" else {}), **record}
-        self.jsonl.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
-        self.jsonl.flush()
+        data = (json.dumps(json_safe(record), allow_nan=False) + "\n").encode("utf-8")
+        try:
+            while data:
+                data = data[self.jsonl.write(data):]
+        except OSError as err:
+            raise _named(err, self.path) from err
         if self.writer is not None:
-            for key, value in record.items():
-                if key not in ("step", "split") and isinstance(value, (int, float)) and value is not None:
-                    self.writer.add_scalar(f"{split}/{key}", value, step)
+            try:
+                for key, value in record.items():
+                    if key not in ("step", "split") and isinstance(value, (int, float)) and value is not None:
+                        self.writer.add_scalar(f"{split}/{key}", value, step)
+            except OSError as err:  # raised by TensorBoard's writer thread, without the file's name
+                raise _named(err, Path(self.writer.log_dir)) from err
         shown = " ".join(f"{k}={_fmt(v)}" for k, v in record.items() if k not in ("step", "split"))
         self._print(f"{split} step {step}: {shown}")
 
@@ -158,9 +172,48 @@ class MetricsLogger:
             return
         if self.bar is not None:
             self.bar.close()
-        if self.writer is not None:
-            self.writer.close()
-        self.jsonl.close()
+        try:
+            if self.writer is not None:
+                self.writer.close()  # flushes: on a full disk this raises again, after the file below is closed
+        finally:
+            self.jsonl.close()
+
+
+def _named(err: OSError, path: Path) -> OSError:
+    """``err`` with ``path`` as its file name when it has none (a write or flush error names no file)."""
+    if err.filename:
+        return err
+    return OSError(err.errno, err.strerror or str(err), str(path))
+
+
+def drop_cut_last_line(path: Path) -> bytes:
+    """Truncate ``path`` after its last newline when it does not end in one (an earlier writer stopped mid-record);
+    returns the bytes dropped (empty when the file is whole or absent). Appending after a cut line would glue the
+    next record onto it: one line that is no JSON, and two records lost."""
+    try:
+        with open(path, "r+b") as f:
+            size = f.seek(0, 2)
+            if size == 0:
+                return b""
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
+                return b""
+            pos, block = size, 1 << 16
+            while pos > 0:  # back to the last newline
+                start = max(0, pos - block)
+                f.seek(start)
+                chunk = f.read(pos - start)
+                nl = chunk.rfind(b"\n")
+                if nl >= 0:
+                    pos = start + nl + 1
+                    break
+                pos = start
+            f.seek(pos)
+            cut = f.read(size - pos)
+            f.truncate(pos)
+            return cut
+    except FileNotFoundError:
+        return b""
 
 
 def json_safe(value):
