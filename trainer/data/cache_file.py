@@ -208,7 +208,7 @@ class CacheWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temporaries(self.path)
-        self.tmp = self.path.parent / f".{self.path.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.tmp = self.path.parent / f"{_tmp_prefix(self.path)}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.kind, self.key = kind, key
         # name -> [dtype, row shape (shape[1:]), rows written, offset]
         self._specs = {name: [np.dtype(dt), tuple(row), 0, None] for name, dt, row in arrays}
@@ -269,12 +269,23 @@ class CacheWriter:
         return False
 
 
+def _tmp_prefix(path: Path) -> str:
+    """``.NAME.tmp-HOST-MACHINE-``: a builder's temporaries name its host and, as a hash of the boot id and the pid
+    namespace, the machine and container whose pids it can check (``_remove_stale_temporaries``)."""
+    from trainer.run_lock import _boot_id, _pid_ns
+    machine = hashlib.sha256(f"{_boot_id()}/{_pid_ns()}".encode()).hexdigest()[:8]
+    return f".{path.name}.tmp-{socket.gethostname()}-{machine}-"
+
+
 def _remove_stale_temporaries(path: Path) -> None:
-    """Temporaries of builders on this host that died (their pid is gone); other hosts' are left alone."""
-    host = socket.gethostname()
-    for tmp in path.parent.glob(f".{path.name}.tmp-{host}-*"):
+    """Temporaries of builders that died on this machine, in this pid namespace (their pid is gone). Others are left
+    alone: another host's, and another container's with this host name (pods sharing the node's network and a cache
+    volume), whose pids mean nothing here; before the machine was in the name, such a live temporary was deleted and
+    its builder failed at the rename. A host named like this one plus ``-N`` cannot match either."""
+    prefix = _tmp_prefix(path)
+    for tmp in path.parent.glob(f"{prefix}*"):
         try:
-            pid = int(tmp.name[len(f".{path.name}.tmp-{host}-"):].split("-")[0])
+            pid = int(tmp.name[len(prefix):].split("-")[0])
             os.kill(pid, 0)
         except ProcessLookupError:
             tmp.unlink(missing_ok=True)

@@ -1,0 +1,34 @@
+"""A cache builder removes the temporaries of builders that died on this machine, in this pid namespace, and only
+those: a temporary named by host and pid alone was deleted by a builder in another container with the same host name
+(pods sharing the node's network and a cache volume; its pid did not exist in the cleaner's namespace), or on a host
+named like the cleaner's plus "-12", and the live builder then failed at its rename (found by review)."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from trainer.data import cache_file
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_only_this_machines_dead_builders_temporaries_are_removed(tmp_path):
+    path = tmp_path / "index-x.bfc"
+    # a builder killed mid-write on this machine leaves its temporary
+    subprocess.run([sys.executable, "-c", "import os, sys\nfrom trainer.data import cache_file\n"
+                    f"w = cache_file.CacheWriter({str(path)!r}, 'test', 'key', [('a', 'int64', ())])\n"
+                    "os._exit(0)"], cwd=REPO, check=True)
+    (dead,) = tmp_path.glob(f".{path.name}.tmp-*")
+    host = socket.gethostname()
+    # live builders elsewhere, whose pids mean nothing here: another container with this host name, another host
+    # named "<this host>-12" (the pid after the host name would parse as 12)
+    other_container = tmp_path / f".{path.name}.tmp-{host}-0badc0de-{4_000_001}-bbbbbbbb"
+    other_host = tmp_path / f".{path.name}.tmp-{host}-12-{4_000_002}-cccccccc"
+    for f in (other_container, other_host):
+        f.write_bytes(b"partial")
+    with cache_file.CacheWriter(path, "test", "key", [("a", "int64", ())]) as writer:
+        assert not dead.exists()
+        assert other_container.exists() and other_host.exists()
+        writer.abort()
