@@ -70,6 +70,8 @@ def describe(info: dict) -> str:
 class PrefixLock(RunLock):
     """``RunLock`` in ``lock_dir(prefix)``, with build_indexed's refusal message."""
 
+    STALE_SETTING = "--lock-stale-s"
+
     def __init__(self, prefix: str | os.PathLike, stale_s: float = STALE_S):
         super().__init__(lock_dir(prefix), stale_s)
         self.prefix = str(prefix)

@@ -75,6 +75,7 @@ def test_a_lock_whose_heartbeat_stopped_on_another_host_is_taken_over(en_tokeniz
     assert build([src], en_tokenizer, prefix, "--lock-stale-s", "1") == 0
     err = capsys.readouterr().err
     assert "taking over the stale lock" in err and "host node-that-died" in err, err
+    assert "(> --lock-stale-s = 1)" in err and "checkpoint.lock_stale_s" not in err, err  # data prep's own setting
     assert not folder.exists()
 
 

@@ -106,6 +106,9 @@ def _link_exclusive(src: Path, dst: Path) -> bool:
 
 
 class RunLock:
+    STALE_SETTING = "checkpoint.lock_stale_s"
+    """The setting users change ``stale_s`` with, named in messages (data prep's lock: ``--lock-stale-s``)."""
+
     def __init__(self, run_dir: str | Path, stale_s: float = 60.0, interval_s: float | None = None):
         self.path = Path(run_dir) / LOCK_NAME
         self.stale_s = float(stale_s)
@@ -269,7 +272,7 @@ class RunLock:
             reason = self._dead_here(info)
             if reason is None and now - since > stale_s:
                 reason = (f"its heartbeat did not change for {now - since:.0f} s of this launch's watching "
-                          f"(> checkpoint.lock_stale_s = {stale_s:g})")
+                          f"(> {self.STALE_SETTING} = {stale_s:g})")
             if reason:
                 if blocked is None:
                     print(f"warning: taking over the stale lock of {self.path.parent} ({reason}); it was held by "
@@ -356,7 +359,7 @@ class RunLock:
         except Exception as err:  # noqa: BLE001  (any failure here must stop the run, never the thread silently)
             self.heartbeat_error = f"the run lock's heartbeat failed: {type(err).__name__}: {err}"
             print(f"error: {self.heartbeat_error}; the run stops (a launch would otherwise take the folder over "
-                  f"within checkpoint.lock_stale_s = {self.stale_s:g} s while this run still writes to it)",
+                  f"within {self.STALE_SETTING} = {self.stale_s:g} s while this run still writes to it)",
                   file=sys.stderr, flush=True)
 
     def release(self) -> None:
