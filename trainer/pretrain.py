@@ -177,7 +177,7 @@ def eval_repeat_note(cfg: RunConfig, held_out: int) -> str:
     return (f"note: each evaluation reads {per_eval} samples (train.eval_batches={cfg.train.eval_batches} x "
             f"train.global_batch_size={cfg.train.global_batch_size}) but the held-out data holds {held_out}: it reads "
             f"them ~{per_eval / held_out:.1f} times over, so the eval loss is over {held_out} distinct samples. Lower "
-            "train.eval_batches, or hold out more (data.valid_split, data.valid_corpora)")
+            "train.eval_batches, or hold out more (data.valid_corpora; data.valid_split outside ERNIE)")
 
 
 def global_batch_change(saved: dict, cfg: RunConfig, where: str) -> str | None:
