@@ -243,7 +243,7 @@ def test_a_hung_gpu_sh_stage_is_cut_at_its_own_limit_and_the_later_stages_still_
     (absent / "deepspeed" / "__init__.py").write_text("raise ImportError('no deepspeed')")
     (absent / "transformers").mkdir()
     (absent / "transformers" / "__init__.py").write_text("import time\ntime.sleep(3600)\n")
-    # Every stage below hangs on transformers until its limit, so the test takes the whole budget; 40 s leaves the
+    # The stages that import transformers hang until their limits, so the test takes most of the budget; 40 s leaves the
     # later stages shares (KEEP) that bash's own overhead between stages cannot eat, on a busy machine too. The
     # limits are checked against the budget gpu.sh logs, counted from its own start: the machine's load only moves
     # how much of it the interpreter probes before the first stage take.
@@ -267,7 +267,8 @@ def test_a_hung_gpu_sh_stage_is_cut_at_its_own_limit_and_the_later_stages_still_
     # machine, is skipped; either way the stages after it start with theirs
     assert records[0] in ({"stage": "env", "failed": 124},
                           {"stage": "env", "skipped": "time budget (BUDGET_S) spent"}), records
-    assert {"stage": "model_stages_core", "failed": 124} in records, records
+    # the core stage does not import transformers: it runs (within its limit, or cut at it on a slow machine)
+    assert "model_stages_core" in limits, limits
     assert {"stage": "trainer_step", "skipped": "deepspeed or pydantic is not importable (make gpu-wheels, then "
             "bring bench/out/wheels)"} in records, records
     # the HF comparison hangs too and is cut at its own limit, after the stages before it hung
