@@ -45,3 +45,26 @@ def test_a_bf16_optimizer_checkpoint_consolidates_to_its_fp32_masters_and_phase_
     proc = run(phase2, 2, "--resume", "none")
     assert f"initialised from {tag.parent}" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert checkpoint.find_latest(tmp_path / "phase2" / "checkpoints").name == "global_step2"
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_bf16_checkpoints_of_zero_2_and_3_still_consolidate(tmp_path, stage):
+    """DeepSpeed names every bf16 run's optimizer files bf16_zero_pp_rank_*: ZeRO-2 and ZeRO-3 in bf16 (a recipe with
+    zero3_offload.json, --set deepspeed.zero_stage=3) are zero_to_fp32's to read, and a first version of this fix
+    sent them to the BF16_Optimizer merge (KeyError; found by review)."""
+    from test_trainer_multiproc import make_config, run
+    from trainer.engine import checkpoint_globals, consolidated_fp32_state_dict
+
+    cfg = make_config(tmp_path, "z", deepspeed={"config": str(REPO / "ds_configs" / "zero1_bf16.json"),
+                                               "zero_stage": stage},
+                      train={"steps": 2, "eval_every": 0}, checkpoint={"every_steps": 2, "keep_last": 2})
+    run(cfg, 2, "--resume", "none")
+    tag = tmp_path / "z" / "checkpoints" / "global_step2"
+    assert any(tag.glob("bf16_zero_pp_rank_*_optim_states.pt"))
+    masters = consolidated_fp32_state_dict(tag.parent, tag.name)
+    model_states = sorted(tag.glob("*model_states.pt"))[0]
+    weights = safe_load.load(model_states, checkpoint_globals())["module"]
+    shared = [n for n, w in weights.items() if w.numel()]  # ZeRO-3's module holds empty placeholders
+    assert masters and all(masters[n].dtype == torch.float32 for n in masters)
+    if stage == 2:
+        assert all(torch.equal(masters[n].to(torch.bfloat16), weights[n]) for n in shared)

@@ -7,8 +7,9 @@ out as ZeRO-1/2 lays out its own, but without the ``zero_stage`` key. DeepSpeed'
 file ("... is not a zero checkpoint", DeepSpeed 0.19.8), so the Hugging Face export, ``checkpoint.init_from``
 (bert_base phase 2) and fine-tuning could not read any GPU recipe's checkpoint. Here the partitions are read and
 handed to zero_to_fp32's own ZeRO-1/2 merge, which rebuilds each parameter (and the buffers, frozen and shared
-parameters) from the model states; nothing of the layout is re-implemented. tests/test_bf16_checkpoint.py compares
-the result with DeepSpeed's universal conversion of the same checkpoint.
+parameters) from the model states; nothing of the layout is re-implemented. tests/test_bf16_checkpoint.py checks
+that the masters round to the bf16 weights saved beside them and hold more than bf16 does, and that bf16 checkpoints
+of ZeRO-2 and ZeRO-3 (also named ``bf16_zero_pp_rank_*``, with ``zero_stage``) still go to zero_to_fp32.
 """
 from __future__ import annotations
 
@@ -20,6 +21,18 @@ import torch
 from trainer import safe_load
 
 _RANK = re.compile(r"bf16_zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
+
+
+def is_bf16_optimizer_checkpoint(tag_dir: Path, allowed: list) -> bool:
+    """Whether ``tag_dir`` holds BF16_Optimizer's files. DeepSpeed names every bf16 run's optimizer files
+    ``bf16_zero_pp_rank_*`` (ZeRO-2 and ZeRO-3 in bf16 too, which zero_to_fp32 reads); only BF16_Optimizer's lack
+    the ``zero_stage`` key. Read with ``mmap``: the tensors are not loaded to answer."""
+    found = sorted(Path(tag_dir).glob("bf16_zero_pp_rank_*_mp_rank_00_optim_states.pt"))
+    if not found:
+        return False
+    with torch.serialization.safe_globals(list(allowed)):
+        state = torch.load(found[0], map_location="cpu", weights_only=True, mmap=True)["optimizer_state_dict"]
+    return "zero_stage" not in state and "single_partition_of_fp32_groups" in state
 
 
 def bf16_zero1_state_dict(tag_dir: Path, allowed: list) -> dict[str, torch.Tensor]:

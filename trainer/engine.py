@@ -479,8 +479,8 @@ def consolidated_fp32_state_dict(ckpt_root: Path, tag: str) -> dict[str, torch.T
     # every file of the folder, before any is loaded: also refuses a poisoned file that this consolidation would
     # not read (rng_rank*.pt), since a checkpoint holding one is not to be trusted as a whole
     safe_load.vet([tag_dir], checkpoint_globals() + safe_load.numpy_rng_globals())
-    if any(tag_dir.glob("bf16_zero_pp_rank_*_optim_states.pt")):
-        from trainer.bf16_checkpoint import bf16_zero1_state_dict
+    from trainer.bf16_checkpoint import bf16_zero1_state_dict, is_bf16_optimizer_checkpoint
+    if is_bf16_optimizer_checkpoint(tag_dir, checkpoint_globals()):
         return bf16_zero1_state_dict(tag_dir, checkpoint_globals())
     if any(tag_dir.glob("*optim_states.pt")) and any(tag_dir.glob("*zero_pp_rank_*")):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
