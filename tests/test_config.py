@@ -321,3 +321,11 @@ def test_settings_the_objective_would_not_read_are_refused_at_validation():
     cfg = load_config("electra_base", [*sizes, "model.generator_fraction=0.3333333333333333"])
     assert cfg.model.generator_fraction == pytest.approx(1 / 3)
     load_config("tiny_bert", [*sizes, "data.masking.rate=0.2"])  # the MLM objectives read data.masking
+    # the objective's own setting alone is what a user changes, and the resolved model says it (a first version
+    # compared it with the preset's 1/3 and refused it; found by review)
+    half = load_config("electra_base", [*sizes, "objective.options.generator_fraction=0.5"])
+    assert half.model.generator_fraction == 0.5
+    # a run's resolved config (--check, RUN_DIR/config.json) loads again: ERNIE's holds data.masking's defaults
+    for recipe, sets in (("tiny_ernie", sizes), ("electra_base", [*sizes, "objective.options.generator_fraction=0.5"])):
+        dumped = load_config(recipe, sets).model_dump(mode="json")
+        assert config_from_dict(dumped).model_dump(mode="json") == dumped

@@ -313,10 +313,12 @@ def load_config(path_or_name: str, overrides: list[str] | tuple[str, ...] = (),
 def config_from_dict(raw: dict, source: str = "config", world_size: int | None = None) -> RunConfig:
     raw = dict(raw)
     _resolve_from_data(raw)
-    _resolve_model_preset(raw)
+    # before the preset fills in every model field: only what the config itself sets can disagree
     problem = unused_setting_problem(raw)
     if problem:  # accepted and echoed by --check, and without effect: a run trained with other values than it said
         raise ConfigError(f"{source}: {problem}")
+    _resolve_model_preset(raw)
+    _follow_objective(raw)
     try:
         cfg = RunConfig.model_validate(raw)
     except ValidationError as err:
@@ -357,22 +359,38 @@ def config_from_dict(raw: dict, source: str = "config", world_size: int | None =
 
 
 def unused_setting_problem(raw: dict) -> str:
-    """Settings that the objective would take from elsewhere: ERNIE masks by ``objective.options.knowledge_masking``,
-    never ``data.masking``; ELECTRA sizes its generator by ``objective.options.generator_fraction`` when set, over
-    ``model.generator_fraction``."""
+    """Settings that the objective would take from elsewhere, set to another value than it uses: ERNIE masks by
+    ``objective.options.knowledge_masking``, never ``data.masking`` (its defaults, as a run's resolved config holds
+    them, pass); ELECTRA sizes its generator by ``objective.options.generator_fraction`` when set, over a
+    ``model.generator_fraction`` the config sets itself (a preset's is replaced, ``_follow_objective``)."""
+    from trainer.data.config import MaskingConfig
     objective = raw.get("objective") if isinstance(raw.get("objective"), dict) else {}
     name, options = objective.get("name"), objective.get("options") or {}
     masking = (raw.get("data") or {}).get("masking") if isinstance(raw.get("data"), dict) else None
     if name in ("ernie", "ernie2") and masking is not None:
-        keys = ", ".join(f"data.masking.{k}" for k in masking) if isinstance(masking, dict) else "data.masking"
-        return (f"{keys}: objective {name} does not read data.masking; ERNIE masks by "
-                "objective.options.knowledge_masking (its stages, rate, max_predictions_per_seq): set them there")
+        defaults = MaskingConfig().model_dump(mode="json")
+        changed = [k for k, v in masking.items() if defaults.get(k, object()) != v] if isinstance(masking, dict) \
+            else ["(the section)"]
+        if changed:
+            return (f"{', '.join(f'data.masking.{k}' for k in changed)}: objective {name} does not read "
+                    "data.masking; ERNIE masks by objective.options.knowledge_masking (its stages, rate, "
+                    "max_predictions_per_seq): set them there")
     model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
     ours, theirs = options.get("generator_fraction"), model.get("generator_fraction")
     if name == "electra" and ours is not None and theirs is not None and not _same_number(ours, theirs):
         return (f"model.generator_fraction={theirs} and objective.options.generator_fraction={ours} disagree: the "
                 "objective's would size the generator; set the one you mean and remove the other")
     return ""
+
+
+def _follow_objective(raw: dict) -> None:
+    """The resolved model section says the generator size the objective builds: ELECTRA's
+    ``objective.options.generator_fraction``, when set, replaces the preset's ``model.generator_fraction`` (so --check,
+    the run's config.json and a config fed back from it agree with the model)."""
+    objective = raw.get("objective") if isinstance(raw.get("objective"), dict) else {}
+    fraction = (objective.get("options") or {}).get("generator_fraction")
+    if objective.get("name") == "electra" and fraction is not None and isinstance(raw.get("model"), dict):
+        raw["model"] = {**raw["model"], "generator_fraction": fraction}
 
 
 def _same_number(a, b) -> bool:
