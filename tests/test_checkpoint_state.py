@@ -23,7 +23,8 @@ def test_a_cut_state_file_is_named_with_the_checkpoint_to_resume_instead_and_tha
     proc = run(cfg, 1, "--resume", "auto", "--set", "train.steps=12", expect=None)
     assert proc.returncode != 0
     assert f"{state} is damaged" in proc.stderr and f"--resume {root / 'global_step4'}" in proc.stderr, proc.stderr
-    assert "JSONDecodeError" not in proc.stderr
+    assert "JSONDecodeError" not in proc.stderr and "Traceback" not in proc.stderr  # one line, no traceback
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "failed"
 
     proc = run(cfg, 1, "--resume", str(root / "global_step4"), "--set", "train.steps=12")
     assert f"resumed from {root / 'global_step4'} at step 4" in proc.stdout

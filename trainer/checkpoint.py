@@ -75,7 +75,12 @@ FORMAT_VERSION = 1
 
 
 class CheckpointStateError(ValueError):
-    """A checkpoint's ``bertfamily.json`` cannot be used: damaged, not ours, or of a newer format."""
+    """A checkpoint's ``bertfamily.json`` cannot be used: damaged, not ours, or of a newer format. ``one_line`` is what
+    ``trainer/pretrain.py``'s ``main`` says instead of a traceback."""
+
+    def __init__(self, line: str):
+        super().__init__(line)
+        self.one_line = line
 
 
 def read_state(tag_dir: Path) -> dict:
@@ -466,6 +471,8 @@ def prepare_universal(tag_dir: Path, rank: int, wait_s: float | None = None, pol
     ``timeout_minutes``, 10 by default), which would kill the waiting ranks mid-conversion. They give up after
     ``wait_s`` (default 4 h, env ``BERTFAMILY_UNIVERSAL_WAIT_S``) with a message naming the folder."""
     from trainer.engine import convert_to_universal  # deepspeed: loaded only by the calls that need it
+    if (Path(tag_dir) / UNIVERSAL / ".complete").exists() and not os.access(tag_dir, os.W_OK):
+        return Path(tag_dir) / UNIVERSAL  # converted before (by its owner): nothing to write, every rank reads it
     if not os.access(tag_dir, os.W_OK):
         # every rank sees the same mount and stops here alike: rank 0 could not write its failure note there either
         saved = read_state(tag_dir)
