@@ -22,3 +22,28 @@ def test_a_collective_that_lost_its_peer_points_at_the_other_ranks(message):
 def test_a_rank_s_own_failure_gets_no_hint():
     assert peer_failure_hint(ValueError("model.vocab_size: 30000 is smaller than the tokenizer's 30522")) == ""
     assert peer_failure_hint(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) == ""
+
+
+def test_a_filesystem_error_on_intact_files_is_not_called_damage(tmp_path):
+    """EIO/ESTALE reading a checkpoint whose files are all whole is the filesystem's trouble: the roll-back advice
+    (--resume the previous checkpoint) would move the intact newer ones aside, so none is given and the traceback
+    stands; a file that is no whole zip archive is damage, named with the checkpoint to resume instead."""
+    import errno
+
+    import torch
+
+    from trainer import checkpoint
+    from trainer.failures import damaged_checkpoint_error
+    root = tmp_path / "checkpoints"
+    for step in (4, 8):
+        tag = root / f"global_step{step}"
+        tag.mkdir(parents=True)
+        torch.save({"w": torch.zeros(2)}, tag / "mp_rank_00_model_states.pt")
+        (tag / checkpoint.STATE_FILE).write_text("{}")
+    newest = root / "global_step8"
+    assert damaged_checkpoint_error(newest, newest, OSError(errno.EIO, "Input/output error")) is None
+    shard = newest / "mp_rank_00_model_states.pt"
+    shard.write_bytes(shard.read_bytes()[:40])
+    err = damaged_checkpoint_error(newest, newest, OSError(errno.EINVAL, "Invalid argument"))
+    assert err is not None and f"{shard} is cut short" in err.one_line and f"--resume {root / 'global_step4'}" \
+        in err.one_line

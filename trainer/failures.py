@@ -58,6 +58,10 @@ def damaged_checkpoint_error(resume_dir: Path, loaded: Path, err: BaseException)
                     bad.append(str(f))
             except OSError:
                 bad.append(str(f))
+    if not bad and type(read_error) is OSError or isinstance(read_error, (TimeoutError, InterruptedError)):
+        # every file is a whole zip archive and the error is the filesystem's (EIO, ESTALE, EMFILE...): not damage,
+        # and the roll-back advice would move intact checkpoints aside; the traceback says what failed
+        return None
     first = str(read_error).splitlines()[0].split(". ")[0] if str(read_error) else ""
     what = f"{', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''} is cut short or corrupted" if bad else \
         f"a file of it cannot be read ({type(read_error).__name__}: {first})"

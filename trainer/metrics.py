@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 from pathlib import Path
@@ -210,6 +211,10 @@ def drop_cut_last_line(path: Path) -> bytes:
                 pos = start
             f.seek(pos)
             cut = f.read(size - pos)
+            if os.fstat(f.fileno()).st_size != size:
+                # another writer (a downstream runner of an earlier launch) appended meanwhile: cutting now would
+                # take its record too; its line is glued to the cut one either way, and readers skip that line
+                return b""
             f.truncate(pos)
             return cut
     except FileNotFoundError:
