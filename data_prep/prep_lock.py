@@ -53,9 +53,7 @@ def launch_id() -> str:
     """What the ranks of this launch share with each other and with no other launch ("" without a launcher)."""
     from trainer.data.cache_file import launch_id as trainer_launch_id  # Slurm job.step, torchrun, Open MPI job id
 
-    env = os.environ
-    parts = [trainer_launch_id(), env.get("OMPI_MCA_orte_hnp_uri", ""), env.get("PMIX_NAMESPACE", "")]
-    return "|".join(p for p in parts if p)
+    return trainer_launch_id()
 
 
 def describe(info: dict) -> str:

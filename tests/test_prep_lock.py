@@ -99,3 +99,21 @@ def test_mpi_ranks_of_a_refused_launch_write_nothing(live_holder, en_tokenizer, 
     assert not Path(f"{prefix}.work").exists()
     assert holder.poll() is None  # the holder lives on, its lock untouched
     assert json.loads((prep_lock.lock_dir(prefix) / "run.lock").read_text())["pid"] == holder.pid
+
+
+def test_the_ranks_of_one_mpirun_in_a_slurm_allocation_share_one_launch_id(monkeypatch):
+    """mpirun inside an sbatch: the ranks on the batch host run in the batch step, the others in the step of the srun
+    that started Open MPI's daemons. Keyed by Slurm's step first, their launch ids differed, so the other ranks never
+    saw their rank 0's lock as their own and failed after waiting (found by review; no Slurm+MPI cluster here, so
+    the environments are the ones each side gets, written out)."""
+    from trainer.data.cache_file import launch_id
+    for key in ("TORCHELASTIC_RUN_ID", "SLURM_STEP_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("OMPI_MCA_ess_base_jobid", "1234567")
+    batch_host = launch_id()
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    remote = launch_id()
+    assert batch_host == remote == prep_lock.launch_id()
+    monkeypatch.setenv("OMPI_MCA_ess_base_jobid", "7654321")  # another mpirun: another launch
+    assert launch_id() != remote

@@ -146,10 +146,13 @@ def launch_id() -> str:
     env = os.environ
     if env.get("TORCHELASTIC_RUN_ID"):
         return "torchrun:" + env["TORCHELASTIC_RUN_ID"] + ":" + env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    # an MPI job's id before Slurm's step: under mpirun in an allocation, the ranks on the batch host run in the
+    # batch step and the others in the step of the srun that started their daemons (found by review)
+    mpi = env.get("OMPI_MCA_ess_base_jobid") or env.get("PMIX_NAMESPACE")
+    if mpi:
+        return f"mpi:{mpi}" + (f":slurm:{env['SLURM_JOB_ID']}" if env.get("SLURM_JOB_ID") else "")
     if env.get("SLURM_JOB_ID"):
         return f"slurm:{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '')}:{env.get('SLURM_RESTART_COUNT', '0')}"
-    if env.get("OMPI_MCA_ess_base_jobid"):
-        return "mpi:" + env["OMPI_MCA_ess_base_jobid"]
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         return f"rdzv:{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
     return ""
