@@ -8,8 +8,8 @@
 # one); on 80 GB GPUs lower it (EXTRA_SETS="train.micro_batch_size=16": accumulation 2 on 16 nodes) or add
 # activation checkpointing (EXTRA_SETS="model.activation_checkpointing=true"). Other node counts need no setting:
 # the trainer takes the largest micro batch up to the ceiling that divides each rank's share and says so at start
-# (8 nodes -> 32 x accumulation 2, 4 nodes -> 32 x 4). LAMB (lr 0.00176, 3,125 warmup steps, 125K steps) keeps its per-parameter trust
-# ratios under ZeRO (trainer/optim/lamb.py), so the ZeRO stage can change freely.
+# (8 nodes -> 32 x accumulation 2, 4 nodes -> 32 x 4). LAMB (lr 0.00176, 3,125 warmup steps, 125K steps) keeps
+# its per-parameter trust ratios under ZeRO (trainer/optim/lamb.py), so the ZeRO stage can change freely.
 # Time: ~125K steps at ~2.5 s/step on 16 x 8 A100 is ~3.6 days; the 48 h limit checkpoints and requeues.
 #
 # Overrides: environment variables (see slurm/common.sh) and sbatch flags, e.g.

@@ -201,9 +201,11 @@ def test_a_requeued_bert_base_job_runs_the_fine_tunings_a_completed_phase_1_left
         (run / phase / "downstream").mkdir(parents=True)
         (run / phase / "downstream" / "queue.json").write_text("[]")
     real = sys.executable
-    fakes = {"scontrol": 'if [ "$1 $2" = "show hostnames" ]; then echo n1; else echo "NodeName=n1 NodeAddr=10.0.0.1"; fi',
+    fakes = {"scontrol": 'if [ "$1 $2" = "show hostnames" ]; then echo n1; else echo "NodeName=n1 '
+                         'NodeAddr=10.0.0.1"; fi',
              "torchrun": 'echo "usage: torchrun [--signals-to-handle S] [--shutdown-timeout T]"',
-             "python": 'if [ "$1 $2" = "-m trainer.finetune.downstream" ]; then echo "$3" >> "$BF_DOWNSTREAM"; exit 0; fi\n'
+             "python": 'if [ "$1 $2" = "-m trainer.finetune.downstream" ]; then echo "$3" >> "$BF_DOWNSTREAM"; '
+                       'exit 0; fi\n'
                        f'case "$1" in -|-c) exec "{real}" "$@";; esac\nexit 0',
              "srun": f'echo \'{{"status": "completed", "step": 4}}\' > "{run}/phase2/status.json"'}
     env = {"SLURM_JOB_ID": "79", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1", "SLURM_RESTART_COUNT": "1",
