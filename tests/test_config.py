@@ -313,7 +313,7 @@ def test_settings_the_objective_would_not_read_are_refused_at_validation():
     sizes = ["model.vocab_size=1000", "model.pad_token_id=0"]
     for recipe in ("tiny_ernie", "tiny_ernie2"):
         with pytest.raises(ConfigError, match=r"data.masking.rate, data.masking.strategy: objective ernie2? does not "
-                                              r"read data.masking; .*objective.options.knowledge_masking"):
+                                              r"read data.masking, .*objective.options.knowledge_masking"):
             load_config(recipe, [*sizes, "data.masking.rate=0.4", "data.masking.strategy=span"])
     with pytest.raises(ConfigError, match=r"model.generator_fraction=0.5 and objective.options.generator_fraction="
                                           r"0.3333333333333333 disagree"):
@@ -329,3 +329,14 @@ def test_settings_the_objective_would_not_read_are_refused_at_validation():
     for recipe, sets in (("tiny_ernie", sizes), ("electra_base", [*sizes, "objective.options.generator_fraction=0.5"])):
         dumped = load_config(recipe, sets).model_dump(mode="json")
         assert config_from_dict(dumped).model_dump(mode="json") == dumped
+    # and one written before the resolved model followed the objective (the preset's 1/3 beside the objective's 0.5;
+    # found by the upgrade review): the objective's, as it built
+    old = {**dumped, "model": {**dumped["model"], "generator_fraction": 1 / 3}}
+    assert config_from_dict(old).model.generator_fraction == 0.5
+    import json
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:  # a run's config.json is taken by --config as it is
+        (Path(tmp) / "config.json").write_text(json.dumps(dumped))
+        assert load_config(str(Path(tmp) / "config.json")).model.generator_fraction == 0.5
+    with pytest.raises(ConfigError, match="never had an effect: remove it"):
+        load_config("tiny_ernie", [*sizes, "data.masking.max_predictions_per_seq=30"])

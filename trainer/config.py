@@ -139,9 +139,9 @@ class RunConfig(_Section):
 # --- YAML, recipes and --set overrides ---------------------------------------------------------------------------
 
 def resolve_recipe(name_or_path: str) -> Path:
-    """A recipe name (``tiny_roberta``) or a YAML path."""
+    """A recipe name (``tiny_roberta``), a YAML path, or a run's resolved ``config.json`` (JSON is YAML)."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") and path.exists():
+    if path.suffix in (".yaml", ".yml", ".json") and path.exists():  # a run's resolved config.json is YAML too
         return path
     candidate = RECIPES_DIR / f"{name_or_path}.yaml"
     if candidate.exists():
@@ -373,13 +373,19 @@ def unused_setting_problem(raw: dict) -> str:
             else ["(the section)"]
         if changed:
             return (f"{', '.join(f'data.masking.{k}' for k in changed)}: objective {name} does not read "
-                    "data.masking; ERNIE masks by objective.options.knowledge_masking (its stages, rate, "
-                    "max_predictions_per_seq): set them there")
+                    "data.masking, so the setting never had an effect: remove it (a run in flight then continues "
+                    "unchanged). ERNIE masks by objective.options.knowledge_masking (its stages, rate, "
+                    "max_predictions_per_seq): set those to change its masking")
     model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
     ours, theirs = options.get("generator_fraction"), model.get("generator_fraction")
-    if name == "electra" and ours is not None and theirs is not None and not _same_number(ours, theirs):
+    # a model section without a preset is a resolved one (a run's config.json): its generator_fraction is the
+    # preset's, filled in, not the user's (before 2026-12-05 it did not follow the objective's)
+    if name == "electra" and "preset" in model and ours is not None and theirs is not None and \
+            not _same_number(ours, theirs):
         return (f"model.generator_fraction={theirs} and objective.options.generator_fraction={ours} disagree: the "
-                "objective's would size the generator; set the one you mean and remove the other")
+                f"objective's {ours} sizes the generator, as it did for every run so far; remove "
+                "model.generator_fraction (a run in flight then continues unchanged), or change "
+                "objective.options.generator_fraction for a new run")
     return ""
 
 
