@@ -47,3 +47,21 @@ def test_a_filesystem_error_on_intact_files_is_not_called_damage(tmp_path):
     err = damaged_checkpoint_error(newest, newest, OSError(errno.EINVAL, "Invalid argument"))
     assert err is not None and f"{shard} is cut short" in err.one_line and f"--resume {root / 'global_step4'}" \
         in err.one_line
+
+
+def test_resuming_with_another_model_says_which_settings_differ(tmp_path):
+    """A resume whose config builds another model than the checkpoint holds (a model setting changed between
+    launches, e.g. following a config refusal's advice on a run in flight; found by the upgrade review) ended in
+    torch's multi-line state-dict traceback; it stops with one line naming the settings that differ and both ways
+    on. A real 1-rank run of the stand-in trainer."""
+    import json
+
+    from test_trainer_multiproc import make_config, run
+    cfg = make_config(tmp_path, "run", train={"steps": 2, "eval_every": 0}, checkpoint={"every_steps": 2})
+    run(cfg, 1, "--resume", "none")
+    proc = run(cfg, 1, "--resume", "auto", "--set", "train.steps=4", "--set", "model.hidden_size=48", expect=None)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    ckpt = tmp_path / "run" / "checkpoints" / "global_step2"
+    assert f"checkpoint {ckpt} holds another model than this launch builds (model.hidden_size: 32 there, 48 here)" \
+        in proc.stderr, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "failed"

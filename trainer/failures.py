@@ -119,3 +119,26 @@ def peer_failure_hint(err: BaseException) -> str:
         return ("another rank most likely failed first (this rank's collective lost its peer): its own error is in "
                 "that rank's output (torchrun --tee / the job log per rank). This rank's error: ")
     return ""
+
+
+def other_model_error(resume_dir: Path, cfg: RunConfig, err: BaseException) -> CheckpointDamagedError | None:
+    """The error to raise when the checkpoint's weights do not fit this launch's model (torch's "Error(s) in loading
+    state_dict"): the model settings differ from the ones the run was saved with (e.g. a generator_fraction or a
+    vocabulary changed in the config between launches). One line naming the settings that differ; None for any
+    other failure."""
+    from trainer import checkpoint
+
+    e, seen = err, 0
+    while e is not None and seen < 10 and "Error(s) in loading state_dict" not in str(e):
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    if e is None or seen >= 10:
+        return None
+    saved = ((checkpoint.read_state(resume_dir).get("config") or {}).get("model") or {})
+    now = cfg.model.model_dump(mode="json")
+    differ = [f"model.{k}: {saved[k]!r} there, {now[k]!r} here" for k in sorted(now)
+              if k in saved and saved[k] != now[k]]
+    said = "; ".join(differ[:4]) or "see the traceback: no model setting in its bertfamily.json differs"
+    return CheckpointDamagedError(
+        f"checkpoint {resume_dir} holds another model than this launch builds ({said}): resume with the settings it "
+        "was saved with (remove the --set / config change), or start a new run (another run_dir) from its weights "
+        f"with --set checkpoint.init_from={resume_dir}")

@@ -35,7 +35,9 @@ if __package__ in (None, ""):  # run as a script (torchrun trainer/pretrain.py):
 from trainer.config import (  # noqa: E402
     ConfigError, RunConfig, batch_plan, ceiling_note, checkpoint_dir, evaluation_note, load_config, start_notes,
 )
-from trainer.failures import damaged_checkpoint_error, disk_full_line, peer_failure_hint, stopped  # noqa: E402
+from trainer.failures import (  # noqa: E402
+    damaged_checkpoint_error, disk_full_line, other_model_error, peer_failure_hint, stopped,
+)
 from trainer.log import print0  # noqa: E402
 from trainer.run_status import (  # noqa: E402
     EXIT_CONFIG, EXIT_ERROR, EXIT_NONFINITE, EXIT_REQUEUE, last_step, note_step, write_status,
@@ -336,6 +338,9 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
             damaged = damaged_checkpoint_error(resume_dir, Path(load_root) / load_tag, err)
             if damaged is not None:
                 raise damaged from err
+            other = other_model_error(resume_dir, cfg, err)
+            if other is not None:
+                raise other from err
             raise
         scheduler.sync_lr()
         saved = checkpoint.read_state(resume_dir)
