@@ -28,7 +28,12 @@ def test_only_this_machines_dead_builders_temporaries_are_removed(tmp_path):
     other_host = tmp_path / f".{path.name}.tmp-{host}-12-{4_000_002}-cccccccc"
     for f in (other_container, other_host):
         f.write_bytes(b"partial")
+    # a killed builder of the code before the machine was in the name (found by the upgrade review)
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    old_style = tmp_path / f".{path.name}.tmp-{host}-{dead_pid}-deadbeef"
+    old_style.write_bytes(b"partial")
     with cache_file.CacheWriter(path, "test", "key", [("a", "int64", ())]) as writer:
-        assert not dead.exists()
+        assert not dead.exists() and not old_style.exists()
         assert other_container.exists() and other_host.exists()
         writer.abort()

@@ -40,6 +40,7 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import socket
 import time
 import uuid
@@ -284,11 +285,20 @@ def _remove_stale_temporaries(path: Path) -> None:
     """Temporaries of builders that died on this machine, in this pid namespace (their pid is gone). Others are left
     alone: another host's, and another container's with this host name (pods sharing the node's network and a cache
     volume), whose pids mean nothing here; before the machine was in the name, such a live temporary was deleted and
-    its builder failed at the rename. A host named like this one plus ``-N`` cannot match either."""
+    its builder failed at the rename. A host named like this one plus ``-N`` cannot match either.
+
+    Temporaries named before the machine was (``.NAME.tmp-HOST-PID-XXXXXXXX``, by builders of the code before
+    2026-12-05) are judged by host and pid as they were then: else a killed old builder's gigabytes stayed forever."""
     prefix = _tmp_prefix(path)
-    for tmp in path.parent.glob(f"{prefix}*"):
+    old = re.compile(rf"\.{re.escape(path.name)}\.tmp-{re.escape(socket.gethostname())}-(\d+)-[0-9a-f]{{8}}")
+    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
         try:
-            pid = int(tmp.name[len(prefix):].split("-")[0])
+            if tmp.name.startswith(prefix):
+                pid = int(tmp.name[len(prefix):].split("-")[0])
+            elif old.fullmatch(tmp.name):
+                pid = int(old.fullmatch(tmp.name).group(1))
+            else:
+                continue
             os.kill(pid, 0)
         except ProcessLookupError:
             tmp.unlink(missing_ok=True)
