@@ -37,3 +37,26 @@ def test_only_this_machines_dead_builders_temporaries_are_removed(tmp_path):
         assert not dead.exists() and not old_style.exists()
         assert other_container.exists() and other_host.exists()
         writer.abort()
+
+
+def test_a_cache_file_under_another_key_is_named_when_this_one_is_missing(tmp_path, capsys):
+    """After an upgrade (the key covers the code that builds a file) every sample index is built anew beside the
+    old one; with data.require_prebuilt_index the run said the file "is missing" although one of its kind was there
+    (found by the upgrade review). The message, and the build's note, name the file under the other key."""
+    import pytest
+
+    def build(path):
+        with cache_file.CacheWriter(path, "sample-index", path.name, [("a", "int64", ())]) as w:
+            w.append("a", __import__("numpy").arange(3))
+            w.commit()
+
+    cache = tmp_path / "cache"
+    old = cache / "index-c-full-sentences-0123456789abcdef.bfc"
+    cache_file.ensure(old, "sample-index", old.name, build, cache_file.CachePolicy(cache), "the sample index")
+    new = cache / "index-c-full-sentences-fedcba9876543210.bfc"
+    with pytest.raises(FileNotFoundError, match=r"is missing \(the same kind of file exists under another key: "
+                                                r"index-c-full-sentences-0123456789abcdef.bfc"):
+        cache_file.ensure(new, "sample-index", new.name, build,
+                          cache_file.CachePolicy(cache, prebuilt_only=True), "the sample index")
+    cache_file.ensure(new, "sample-index", new.name, build, cache_file.CachePolicy(cache), "the sample index")
+    assert "remove the others once no run uses them" in capsys.readouterr().err

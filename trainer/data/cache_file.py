@@ -42,10 +42,12 @@ import mmap
 import os
 import re
 import socket
+import sys
 import time
 import uuid
 import warnings
 from dataclasses import dataclass
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Callable
 
@@ -361,6 +363,15 @@ def is_mapped(arr: np.ndarray) -> bool:
     return isinstance(base, (mmap.mmap, np.memmap))
 
 
+def _other_keys(path: Path) -> list[Path]:
+    """Cache files of the same kind and source as ``path`` under other keys (``NAME-<key>.bfc`` siblings)."""
+    stem, _, rest = path.name.rpartition("-")
+    if not stem or not rest.endswith(".bfc"):
+        return []
+    return sorted(p for p in path.parent.glob(f"{glob_escape(stem)}-*.bfc")
+                  if p != path and re.fullmatch(r"[0-9a-f]+\.bfc", p.name[len(stem) + 1:]))
+
+
 def ensure(path: str | os.PathLike, kind: str, key: str, build: Callable[[Path], None], policy: CachePolicy,
            what: str) -> tuple[dict[str, np.ndarray], dict]:
     """The mapped cache file, built first if missing or invalid (see the module docstring for who builds).
@@ -374,11 +385,18 @@ def ensure(path: str | os.PathLike, kind: str, key: str, build: Callable[[Path],
     except CacheInvalid as err:
         reason = str(err)
         warnings.warn(f"{reason}: rebuilding {what}", stacklevel=2)
+    others = _other_keys(path)
+    superseded = (f" (the same kind of file exists under another key: {', '.join(p.name for p in others[:3])}: built "
+                  "for other settings or by other code; the key covers the corpus, the settings and the code that "
+                  "builds it, so a change of any, an upgrade included, builds anew)") if others else ""
     if policy.prebuilt_only:
         raise FileNotFoundError(
-            f"{what} {path} is {'missing' if reason is None else 'invalid: ' + reason} and data.require_prebuilt_index"
-            f" is set: build it before the job with\n    {policy.hint}")
+            f"{what} {path} is {'missing' if reason is None else 'invalid: ' + reason}{superseded} and "
+            f"data.require_prebuilt_index is set: build it before the job with\n    {policy.hint}")
     note = failure_note_path(path)
+    if policy.builder and others and reason is None:
+        print(f"building {what} {path.name}{superseded}; remove the others once no run uses them", file=sys.stderr,
+              flush=True)
     if policy.builder:
         note.unlink(missing_ok=True)  # an earlier launch's failure is not this one's
         try:
