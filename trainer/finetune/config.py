@@ -74,7 +74,8 @@ class FinetuneTrain(_Section):
     """Passes over the training split (fractions allowed); steps = ceil(epochs x examples / global batch)."""
     global_batch_size: int = Field(default=32, gt=0)
     micro_batch_size: int = Field(default=32, gt=0)
-    """Examples per forward/backward on one rank; global / (micro x ranks) micro-batches are accumulated."""
+    """Most examples per forward/backward on one rank (a ceiling: the largest micro-batch up to it that divides each
+    rank's share of the global batch is used, the rest accumulated; ``batch_split``)."""
     max_seq_length: int | None = Field(default=None, gt=2)
     """Pairs are truncated longest-first to fit, [CLS]/[SEP] included; None = the task's default as in the papers
     (128; squad 384; race 512)."""
@@ -127,21 +128,28 @@ class FinetuneConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self):
-        if self.train.global_batch_size % self.train.micro_batch_size:
-            raise ValueError(f"train.global_batch_size={self.train.global_batch_size} is not a multiple of "
-                             f"train.micro_batch_size={self.train.micro_batch_size}")
         if self.task.name == "tsv" and not self.task.metrics:
             raise ValueError("task.metrics: list at least one metric")
         return self
 
 
+def batch_split(cfg: FinetuneConfig, world_size: int) -> tuple[int, int]:
+    """(micro-batch, accumulation) on ``world_size`` ranks: global = micro x accumulation x ranks, exactly.
+    ``train.micro_batch_size`` is a per-rank ceiling, as in pretraining (``trainer.config.batch_plan``): the largest
+    micro-batch not above it that divides each rank's share of the global batch, so the defaults (32 and 32) run
+    under ``torchrun --nproc_per_node 8`` unchanged (they were refused on any world size above 1)."""
+    g, ceiling = cfg.train.global_batch_size, cfg.train.micro_batch_size
+    if g % world_size:
+        raise ConfigError(f"train.global_batch_size={g} cannot be split evenly over {world_size} ranks; use a "
+                          f"multiple of {world_size} (or another number of ranks)")
+    share = g // world_size
+    micro = max(m for m in range(1, min(ceiling, share) + 1) if share % m == 0)
+    return micro, share // micro
+
+
 def accumulation(cfg: FinetuneConfig, world_size: int) -> int:
-    """Micro-batches per step on each rank: global = micro x accumulation x ranks, exactly."""
-    per_step = cfg.train.micro_batch_size * world_size
-    if cfg.train.global_batch_size % per_step:
-        raise ConfigError(f"train.global_batch_size={cfg.train.global_batch_size} is not a multiple of "
-                          f"train.micro_batch_size={cfg.train.micro_batch_size} x {world_size} ranks; change one")
-    return cfg.train.global_batch_size // per_step
+    """Micro-batches per step on each rank (``batch_split``)."""
+    return batch_split(cfg, world_size)[1]
 
 
 def load_finetune_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> FinetuneConfig:

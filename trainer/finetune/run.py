@@ -169,14 +169,14 @@ def run_one(cfg, source, spec: TaskSpec, train: Encoded, devs: dict[str, Encoded
     ``spec``: a GLUE/tsv TaskSpec or a registered kind (trainer/finetune/kinds.py)."""
     from trainer import engine as ds
     from trainer.checkpoint import seed_everything
-    from trainer.finetune.config import accumulation
+    from trainer.finetune.config import batch_split
     from trainer.finetune.model import optimizer_groups
     from trainer.optim.config import ScheduleConfig
     from trainer.optim.schedules import build_scheduler
 
     start = time.perf_counter()
-    grad_accum = accumulation(cfg, world)
-    G, micro = cfg.train.global_batch_size, cfg.train.micro_batch_size
+    micro, grad_accum = batch_split(cfg, world)
+    G = cfg.train.global_batch_size
     kind = as_kind(spec)
     steps = max(1, math.ceil(cfg.train.epochs * kind.size(train) / G))
     seed_everything(seed)  # the same head init on every rank
@@ -184,6 +184,7 @@ def run_one(cfg, source, spec: TaskSpec, train: Encoded, devs: dict[str, Encoded
     groups = optimizer_groups(model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay)
     ds_cfg = cfg.model_copy(deep=True)
     ds_cfg.deepspeed.precision = resolved_precision(cfg, device)
+    ds_cfg.train.micro_batch_size = micro  # the micro-batch this world size uses (batch_split)
     ds_config = ds.build_ds_config(ds_cfg, world, grad_accum)
     optimizer = ds.build_optimizer(cfg.optim, model, device, ds_config, groups=groups)
     schedule = ScheduleConfig(kind="linear", warmup_steps=round(cfg.schedule.warmup_ratio * steps))
