@@ -362,7 +362,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--overwrite", action="store_true", help="discard an unfinished run with other settings")
     ap.add_argument("--lock-stale-s", type=float, default=prep_lock.STALE_S, help="a run on another host holding "
                     "this prefix's lock is taken to be dead once its heartbeat has not moved this long "
-                    "(data_prep/prep_lock.py; on this host a dead pid is seen at once)")
+                    "(data_prep/prep_lock.py; on the same machine a dead pid is seen at once)")
     ap.add_argument("--annotate", metavar="SPEC", help="then write ERNIE span side-cars beside every shard "
                     "(data_prep/annotate.py: jieba | gazetteer:FILE | jsonl:FILE)")
     args = ap.parse_args(argv)

@@ -81,7 +81,8 @@ class PrefixLock(RunLock):
             f"{self.path}, its heartbeat is moving). Two runs on one prefix would write the same work files and "
             f"corrupt each other's shards: wait for that run to end (or stop it: scancel its job, or kill the pid), "
             f"then rerun this command, or give this one another --output-prefix. A lock whose run died is taken "
-            f"over by the next run: at once on the same host, elsewhere once its heartbeat has not moved for "
+            f"over by the next run: at once on the same machine (host, boot id, pid namespace), elsewhere once "
+            f"its heartbeat has not moved for "
             f"--lock-stale-s ({self.stale_s:g} s).")
 
     def check_held(self) -> None:

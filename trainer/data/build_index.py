@@ -29,7 +29,7 @@ if __package__ in (None, ""):  # run as a script: make `import trainer` work
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="trainer.data.build_index", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="trainer.data.build_index", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="a recipe name (roberta_large) or a YAML file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, as for trainer.pretrain (e.g. --set data.cache_dir=/lustre/cache)")

@@ -29,7 +29,7 @@ EXIT_OK, EXIT_ERROR, EXIT_INPUT = 0, 1, 2
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m trainer.finetune", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m trainer.finetune", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, type=Path, help="trainer checkpoint, model folder or HF folder")
     p.add_argument("--task", required=True, help="cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli, tsv; "
                    "jsonl, ner, squad, race, swag (trainer/finetune/kinds.py)")

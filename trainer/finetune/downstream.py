@@ -456,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse  # noqa: PLC0415
 
     p = argparse.ArgumentParser(prog="python -m trainer.finetune.downstream", description=main.__doc__)
-    p.add_argument("run_dir", nargs="?", type=Path)
+    p.add_argument("run_dir", nargs="?", type=Path, metavar="RUN_DIR",
+                   help="the pretraining run's folder (required; optional only for the internal --runner form)")
     p.add_argument("--runner", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.runner is not None:
