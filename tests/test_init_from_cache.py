@@ -24,7 +24,8 @@ def test_a_leftover_hand_over_file_is_never_read(tmp_path, monkeypatch):
     ranks = threading.Barrier(2)
     monkeypatch.setattr(checkpoint, "_barrier", lambda: ranks.wait(timeout=60))
     monkeypatch.setattr(trainer.engine, "consolidated_fp32_state_dict", lambda root, tag: {"w": torch.full((3,), 2.0)})
-    # what a launch that died between its consolidation of the old phase 1 and the removal left behind
+    # what a launch that died between its consolidation of the old phase 1 and the removal left behind (named by the
+    # source only, as before the launch was in the name; a file named for another launch is never this one's name)
     key_file = "init_from_" + __import__("hashlib").sha256(str(source.resolve()).encode()).hexdigest()[:12] + ".pt"
     cache.mkdir()
     torch.save({"w": torch.full((3,), 1.0)}, cache / key_file)

@@ -29,20 +29,23 @@ def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s
     file in ``cache_dir``; the other ranks wait for it on the shared filesystem (not in a collective: consolidating a
     large model can outlast the process group's timeout) and read that file. Without this, 64 ranks would each read
     every shard of the source, optimizer state included, through the shared filesystem. The file is named after
-    the resolved source checkpoint (a checkpoints folder means its newest complete one, which can change), made anew
-    by every launch and removed once every rank has read it.
+    the resolved source checkpoint (a checkpoints folder means its newest complete one, which can change) and the
+    launch, made anew by every launch and removed once every rank has read it.
     """
+    from trainer.data.cache_file import launch_id
     source = init_source(init_from)
     cache_dir = Path(cache_dir)
-    key = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]
+    # named by the source and this launch (what all of its ranks share, and no other launch): a file another launch
+    # left, which a rank on another NFS client may still see after rank 0 removed it, is never this launch's name
+    key = hashlib.sha256(f"{source.resolve()}|{launch_id()}".encode()).hexdigest()[:12]
     out = cache_dir / f"init_from_{key}.pt"
     failed = cache_dir / f".init_from_{key}.failed"
     if rank == 0:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        failed.unlink(missing_ok=True)
-        # a file a launch that died before removing it left: the source may have changed since at the same path (a
-        # redone phase 1), so it is never reused; removed before any rank can look for the new one
-        out.unlink(missing_ok=True)
+        # what launches that died before removing theirs left (the source may have changed since at the same path:
+        # a redone phase 1): never reused, removed before any rank looks for this launch's file
+        for left in [*cache_dir.glob("init_from_*.pt"), *cache_dir.glob(".init_from_*.failed")]:
+            left.unlink(missing_ok=True)
     checkpoint._barrier()
     if rank == 0:
         try:
