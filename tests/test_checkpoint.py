@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import fork_server
-from trainer import checkpoint, init_from
+from trainer import checkpoint, init_from, universal
 from trainer.checkpoint import TrainState
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,7 +119,7 @@ def test_rng_round_trip_and_world_size_change(tmp_path):
     assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
     checkpoint.restore_rng(root / "global_step7", rank=0, world_size=2, seed=1, step=7)  # other world size: reseed
     assert not torch.equal(torch.rand(3), expected[0])
-    assert checkpoint.needs_universal(root / "global_step7", 2) and not checkpoint.needs_universal(
+    assert universal.needs_universal(root / "global_step7", 2) and not universal.needs_universal(
         root / "global_step7", 1)
 
 
@@ -156,21 +156,21 @@ def test_universal_conversion_waits_on_the_filesystem_not_in_a_collective(tmp_pa
 
     thread = threading.Thread(target=finish_later)
     thread.start()
-    assert checkpoint.prepare_universal(tag, rank=1, wait_s=30, poll_s=0.05) == out
+    assert universal.prepare_universal(tag, rank=1, wait_s=30, poll_s=0.05) == out
     thread.join()
 
     shutil.rmtree(out)
     with pytest.raises(TimeoutError, match="did not appear within 0.2 s.*shares"):
-        checkpoint.prepare_universal(tag, rank=1, wait_s=0.2, poll_s=0.05)
+        universal.prepare_universal(tag, rank=1, wait_s=0.2, poll_s=0.05)
 
     def broken(src, dst):
         raise OSError("disk full")
 
     monkeypatch.setattr(trainer.engine, "convert_to_universal", broken)
     with pytest.raises(OSError, match="disk full"):
-        checkpoint.prepare_universal(tag, rank=0)
+        universal.prepare_universal(tag, rank=0)
     with pytest.raises(RuntimeError, match="rank 0 failed to convert.*OSError: disk full"):
-        checkpoint.prepare_universal(tag, rank=1, wait_s=30, poll_s=0.05)
+        universal.prepare_universal(tag, rank=1, wait_s=30, poll_s=0.05)
 
     calls = []
 
@@ -182,15 +182,15 @@ def test_universal_conversion_waits_on_the_filesystem_not_in_a_collective(tmp_pa
         (Path(dst) / "zero" / "w.pt").write_text(f"converted from {src}")
 
     monkeypatch.setattr(trainer.engine, "convert_to_universal", works)
-    assert checkpoint.prepare_universal(tag, rank=0) == out  # and the stale failure note is cleared first
+    assert universal.prepare_universal(tag, rank=0) == out  # and the stale failure note is cleared first
     # converted once, from the tag, into a temporary folder that was then moved to the final name with the
     # converter's content
     assert len(calls) == 1 and calls[0][0] == tag and calls[0][1] != out and not calls[0][1].exists()
     assert (out / "zero" / "w.pt").read_text() == f"converted from {tag}"
     assert (out / ".complete").exists()
     assert not (tag / f".{checkpoint.UNIVERSAL}.failed").exists()
-    assert checkpoint.prepare_universal(tag, rank=0) == out and len(calls) == 1  # a later launch reuses it
-    assert checkpoint.prepare_universal(tag, rank=1, wait_s=1, poll_s=0.05) == out
+    assert universal.prepare_universal(tag, rank=0) == out and len(calls) == 1  # a later launch reuses it
+    assert universal.prepare_universal(tag, rank=1, wait_s=1, poll_s=0.05) == out
 
 
 def test_init_from_is_consolidated_once_by_rank_0(tmp_path, monkeypatch):

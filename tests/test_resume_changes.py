@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import fork_server
-from trainer import checkpoint
+from trainer import checkpoint, universal
 from test_trainer_recipes import corpus  # noqa: F401 (fixture: byte-level BPE shards of the English corpus)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,7 +80,7 @@ def _saved_at(tmp_path: Path, stage: int) -> Path:
 @pytest.mark.parametrize("saved, now, ok", [(0, 0, True), (1, 2, True), (2, 1, True), (3, 3, True), (0, 1, False),
                                             (2, 0, False), (1, 3, False), (3, 1, False), (2, 3, False)])
 def test_which_zero_stage_changes_a_resume_takes(tmp_path, saved, now, ok):
-    why = checkpoint.zero_stage_change_error(_saved_at(tmp_path, saved), now)
+    why = universal.zero_stage_change_error(_saved_at(tmp_path, saved), now)
     assert (why is None) == ok, why
     if not ok:
         assert f"saved at ZeRO-{saved}; this launch runs ZeRO-{now}" in why

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from trainer import checkpoint
+from trainer import checkpoint, universal
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -28,7 +28,7 @@ def test_a_read_only_checkpoint_on_another_world_size_stops_every_rank_with_what
     monkeypatch.setattr(checkpoint, "_barrier", lambda: barriers.append(1))
     with pytest.raises(PermissionError, match=r"not writable .* Copy the checkpoint folder into this run's checkpoints "
                                               r"folder .* or resume on the 2 ranks at ZeRO-1"):
-        checkpoint.prepare_universal(tag, rank=rank, wait_s=1, poll_s=0.01)
+        universal.prepare_universal(tag, rank=rank, wait_s=1, poll_s=0.01)
     assert not barriers  # no rank went on to wait for the others
 
 
@@ -44,5 +44,5 @@ def test_a_read_only_checkpoint_converted_before_is_read_as_it_is(tmp_path, monk
     monkeypatch.setattr(os, "access", lambda path, mode: False if mode == os.W_OK and str(path) == str(tag)
                         else real(path, mode))
     monkeypatch.setattr(checkpoint, "_barrier", lambda: None)
-    assert checkpoint.prepare_universal(tag, rank=0) == tag / checkpoint.UNIVERSAL
-    assert checkpoint.prepare_universal(tag, rank=1, wait_s=1, poll_s=0.01) == tag / checkpoint.UNIVERSAL
+    assert universal.prepare_universal(tag, rank=0) == tag / checkpoint.UNIVERSAL
+    assert universal.prepare_universal(tag, rank=1, wait_s=1, poll_s=0.01) == tag / checkpoint.UNIVERSAL

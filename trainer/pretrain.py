@@ -257,6 +257,7 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
     import torch
 
     from trainer import checkpoint, engine
+    from trainer.universal import needs_universal, prepare_universal, zero_stage_change_error
     from trainer.ds_json import precision, read_ds_json, zero_stage
     from trainer.loop import NonFiniteLossError, Trainer
     from trainer.metrics import MetricsLogger, peak_flops
@@ -269,7 +270,7 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
     # refused before the lineage moves anything aside
     batch_note = None
     if resume_dir is not None:
-        why = checkpoint.zero_stage_change_error(resume_dir, stage)
+        why = zero_stage_change_error(resume_dir, stage)
         if why:
             raise ValueError(why)
         batch_note = global_batch_change(checkpoint.read_state(resume_dir), cfg, str(resume_dir))
@@ -281,13 +282,13 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         why = resume_padding_error(checkpoint.read_state(resume_dir).get("config"), cfg.model, str(resume_dir))
         if why:
             raise ValueError(why)
-    universal = resume_dir is not None and checkpoint.needs_universal(resume_dir, world_size, stage)
+    universal = resume_dir is not None and needs_universal(resume_dir, world_size, stage)
     if universal:
         saved = checkpoint.read_state(resume_dir)
         print0(f"resume: {resume_dir.name} was saved on {saved['world_size']} ranks at ZeRO-{saved['zero_stage']}; "
                f"converting to DeepSpeed's universal checkpoint for {world_size}")
         try:
-            uni = checkpoint.prepare_universal(resume_dir, rank)
+            uni = prepare_universal(resume_dir, rank)
         except Exception:
             if not preempt.requested:
                 raise
