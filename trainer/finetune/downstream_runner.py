@@ -86,10 +86,9 @@ def alive(pid: int, start: int | None) -> bool:
 
 
 def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
+    """This machine's boot id, "" where there is none (the run lock's, as recorded in queue.json)."""
+    from trainer.run_lock import _boot_id as boot_id
+    return boot_id() or ""
 
 
 def _exit_code(job: Job) -> int | None:
