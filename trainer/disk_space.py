@@ -49,28 +49,28 @@ def is_disk_full(err: BaseException | None, path: str | Path | None = None) -> b
     return first is not None and path is not None and nearly_full(path)
 
 
-def free_bytes(path: str | Path) -> int | None:
-    """Free bytes (for this user) on the filesystem of ``path``, or of its nearest existing parent; None when that
-    cannot be asked."""
+def _usage(path: str | Path):
+    """``shutil.disk_usage`` of the filesystem of ``path``, or of its nearest existing parent; None when that cannot
+    be asked."""
     p = Path(path).absolute()
     while not p.exists() and p != p.parent:
         p = p.parent
     try:
-        return shutil.disk_usage(p).free
+        return shutil.disk_usage(p)
     except OSError:
         return None
 
 
+def free_bytes(path: str | Path) -> int | None:
+    """Free bytes (for this user) on the filesystem of ``path`` (``_usage``); None when that cannot be asked."""
+    usage = _usage(path)
+    return usage.free if usage is not None else None
+
+
 def nearly_full(path: str | Path) -> bool:
     """The filesystem of ``path`` has (almost) no free space left: below min(64 MiB, max(1 MiB, 1% of its size))."""
-    p = Path(path).absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    try:
-        usage = shutil.disk_usage(p)
-    except OSError:
-        return False
-    return usage.free < min(_NEARLY_FULL_CAP, max(_NEARLY_FULL_FLOOR, usage.total // 100))
+    usage = _usage(path)
+    return usage is not None and usage.free < min(_NEARLY_FULL_CAP, max(_NEARLY_FULL_FLOOR, usage.total // 100))
 
 
 def as_disk_full(err: BaseException, path: str | Path) -> OSError:
