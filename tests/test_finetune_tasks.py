@@ -146,3 +146,23 @@ def test_skip_malformed_applies_to_glue_task_names(tmp_path):
         else:
             split = read_split(spec, tmp_path / "train.tsv")
             assert split.skipped == expected and len(split.examples) == 2
+
+
+def test_multiclass_f1_refused_at_config_time_and_macro_micro_offered(tmp_path):
+    from trainer.config import ConfigError
+    from trainer.finetune.config import load_finetune_config
+    path = tmp_path / "three.yaml"
+    path.write_text("task: {labels: [a, b, c], metrics: [f1, accuracy]}\n")
+    # before: accepted here, and sklearn's binary F1 raised only when scoring, after the whole training
+    with pytest.raises(ConfigError, match=r"three\.yaml.*\n.*task.*task\.metrics: f1 .*3 classes.*f1_macro"):
+        load_finetune_config(path)
+    with pytest.raises(ConfigError, match="f1_micro"):
+        load_finetune_config(None, ["task.labels=[a,b,c]", "task.metrics=[accuracy,f1]"])
+    cfg = load_finetune_config(path, ["task.metrics=[f1_macro,f1_micro]"])
+    assert cfg.task.metrics == ["f1_macro", "f1_micro"]
+    assert load_finetune_config(None, ["task.labels=[neg,pos]", "task.metrics=[f1]"]).task.metrics == ["f1"]
+    pred, gold = [0, 1, 2, 2, 1, 0], [0, 1, 2, 1, 1, 2]
+    # per class: 0 -> P 1/2 R 1 F 2/3; 1 -> P 1 R 2/3 F 4/5; 2 -> P 1/2 R 1/2 F 1/2
+    scores = compute(["f1_macro", "f1_micro", "accuracy"], pred, gold)
+    assert scores["f1_macro"] == pytest.approx((2 / 3 + 4 / 5 + 1 / 2) / 3)
+    assert scores["f1_micro"] == pytest.approx(scores["accuracy"]) == pytest.approx(4 / 6)

@@ -45,9 +45,10 @@ class TaskSection(_Section):
     def _labels_as_text(cls, value):
         return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value] \
             if isinstance(value, list) else value
-    metrics: list[Literal["accuracy", "f1", "matthews", "pearson", "spearman"]] = Field(
+    metrics: list[Literal["accuracy", "f1", "f1_macro", "f1_micro", "matthews", "pearson", "spearman"]] = Field(
         default_factory=lambda: ["accuracy"])
-    """tsv only: metrics to report; the first is the main score."""
+    """tsv, jsonl: metrics to report; the first is the main score. ``f1`` is binary (F1 of the second label, as
+    GLUE's MRPC/QQP): with more than 2 labels use ``f1_macro`` or ``f1_micro``."""
     header: bool = True
     """tsv only: the files start with a header line."""
     skip_malformed: bool = False
@@ -67,6 +68,14 @@ class TaskSection(_Section):
     answer_metric: Literal["auto", "squad", "cmrc"] = "auto"
     """squad: SQuAD's official scores, or CMRC 2018's (Chinese: character-level F1); auto = cmrc when the dev
     contexts are mostly CJK characters."""
+
+    @model_validator(mode="after")
+    def _binary_f1(self):
+        # scikit-learn's binary F1 raises on a multi-class task only when scoring, after the whole training
+        if "f1" in self.metrics and self.labels is not None and len(self.labels) > 2:
+            raise ValueError(f"task.metrics: f1 is the binary F1 of label {self.labels[1]!r}, but task.labels has "
+                             f"{len(self.labels)} classes; use f1_macro (unweighted mean over classes) or f1_micro")
+        return self
 
 
 class FinetuneTrain(_Section):

@@ -1,7 +1,9 @@
 """GLUE's metrics, computed by scikit-learn and scipy (the implementations GLUE's own evaluation and Hugging Face's
 ``glue`` metric call): Matthews correlation (CoLA), F1 of the positive class and accuracy (MRPC, QQP), Pearson and
-Spearman correlation (STS-B), accuracy (the rest). Scores are fractions in [0, 1] (correlations in [-1, 1]); the
-summary table prints them x100 as the papers do.
+Spearman correlation (STS-B), accuracy (the rest). For more than two classes, ``f1_macro`` (the unweighted mean of
+the F1 of each class found in the gold labels or the predictions, scikit-learn's ``average="macro"``) and
+``f1_micro`` (which equals accuracy for single-label data); the binary ``f1`` is refused there at config time.
+Scores are fractions in [0, 1] (correlations in [-1, 1]); the summary table prints them x100 as the papers do.
 """
 from __future__ import annotations
 
@@ -17,6 +19,13 @@ def _accuracy(pred, gold) -> float:
 def _f1(pred, gold) -> float:
     from sklearn.metrics import f1_score
     return float(f1_score(gold, pred, zero_division=0.0))  # binary: F1 of label 1 (paraphrase / duplicate)
+
+
+def _f1_average(average: str) -> Callable:
+    def f1(pred, gold) -> float:
+        from sklearn.metrics import f1_score
+        return float(f1_score(gold, pred, average=average, zero_division=0.0))  # over the classes in gold or pred
+    return f1
 
 
 def _matthews(pred, gold) -> float:
@@ -35,7 +44,8 @@ def _correlation(fn: str) -> Callable:
 
 
 METRICS: dict[str, Callable[[Sequence, Sequence], float]] = {
-    "accuracy": _accuracy, "f1": _f1, "matthews": _matthews,
+    "accuracy": _accuracy, "f1": _f1, "f1_macro": _f1_average("macro"), "f1_micro": _f1_average("micro"),
+    "matthews": _matthews,
     "pearson": _correlation("pearsonr"), "spearman": _correlation("spearmanr"),
 }
 
