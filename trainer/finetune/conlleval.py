@@ -60,8 +60,12 @@ def chunks(tags: Sequence[str]) -> set[tuple[int, int, str]]:
     return out
 
 
-def evaluate(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict[str, float]:
-    """precision, recall, f1 (micro over chunks), accuracy (tokens), and ``f1_<TYPE>`` per gold or predicted type."""
+def evaluate(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]], types: Sequence[str] = ()
+             ) -> dict[str, float]:
+    """precision, recall, f1 (micro over chunks), accuracy (tokens), and ``f1_<TYPE>`` per type: every one of
+    ``types`` (0 when neither gold nor predictions hold it) and any other gold or predicted type. conlleval prints
+    only the types it meets, so runs of one sweep would report different keys (a type in train but not in dev shows
+    up only where a run predicts it)."""
     correct, found_gold, found_pred = Counter(), Counter(), Counter()
     right_tokens = total_tokens = 0
     for g, p in zip(gold, pred, strict=True):
@@ -85,6 +89,6 @@ def evaluate(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> di
 
     p, r, f = prf(sum(correct.values()), sum(found_pred.values()), sum(found_gold.values()))
     out = {"f1": f, "precision": p, "recall": r, "accuracy": right_tokens / total_tokens if total_tokens else 0.0}
-    for kind in sorted(set(found_gold) | set(found_pred)):
+    for kind in sorted(set(types) | set(found_gold) | set(found_pred)):
         out[f"f1_{kind}"] = prf(correct[kind], found_pred[kind], found_gold[kind])[2]
     return out

@@ -11,7 +11,8 @@ Encoding (BERT section 5.3): each word is tokenized on its own (RoBERTa's byte-l
 ``add_prefix_space``); its label goes on its first sub-token, the others get -100 and no loss. A sentence longer
 than the sequence is cut; its cut words (and words that tokenize to nothing) are predicted ``O`` when scoring, so
 the score stays over every gold entity. Metrics (conlleval.py): entity-level micro ``f1``, ``precision``,
-``recall``, token ``accuracy``, and ``f1_<TYPE>`` per entity type.
+``recall``, token ``accuracy``, and ``f1_<TYPE>`` for every entity type of the label set (0 where a split has none
+and none is predicted), so every run of a sweep reports the same keys.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trainer.finetune.conlleval import check_tag, evaluate
+from trainer.finetune.conlleval import check_tag, evaluate, split_tag
 from trainer.finetune.kind_base import run_model, IGNORE, TaskKind, pad_rows
 from trainer.finetune.tasks import TaskDataError, read_lines
 
@@ -186,4 +187,9 @@ class NerKind(TaskKind):
         predicted = []
         for row, first in zip(outputs, data.first):
             predicted.append([self.labels[row[p]] if p >= 0 else "O" for p in first])
-        return evaluate(data.gold, predicted)
+        return evaluate(data.gold, predicted, self.types)
+
+    @property
+    def types(self) -> list[str]:
+        """The entity types of the label set (every split's tags): each run reports ``f1_<TYPE>`` for all of them."""
+        return sorted({split_tag(t)[1] for t in self.labels if t != "O"})

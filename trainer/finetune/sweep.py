@@ -28,29 +28,38 @@ def parse_sweep(items: list[str]) -> list[list[str]]:
     return [list(point) for point in itertools.product(*axes)] if axes else [[]]
 
 
+def _union(dicts) -> list[str]:
+    """The keys of all ``dicts``, first-seen order."""
+    return list(dict.fromkeys(k for d in dicts for k in d))
+
+
 def summarize(task: str, main_metric: str, runs: list[dict]) -> dict:
     """Medians per setting over its seeds, and the best setting. ``runs``: {"setting", "seed", "metrics": {split:
-    {metric: v}}} each."""
+    {metric: v}}} each. Runs may report different metrics (an older NER run's ``f1_<TYPE>`` only for the types it
+    met): each median is over the runs that report it, and a setting without the main score is never best."""
     settings: dict[str, list[dict]] = {}
     for run in runs:
         settings.setdefault(run["setting"], []).append(run)
     medians = {}
     for name, group in settings.items():
-        splits = group[0]["metrics"]
-        medians[name] = {split: {m: statistics.median(r["metrics"][split][m] for r in group)
-                                 for m in splits[split]} for split in splits}
+        medians[name] = {}
+        for split in _union(r["metrics"] for r in group):
+            per = [r["metrics"].get(split, {}) for r in group]
+            medians[name][split] = {m: statistics.median(p[m] for p in per if m in p) for m in _union(per)}
     first_split = next(iter(runs[0]["metrics"]))
-    best = max(medians, key=lambda s: medians[s][first_split][main_metric])
+    best = max(medians, key=lambda s: medians[s].get(first_split, {}).get(main_metric, float("-inf")))
     return {"task": task, "main_metric": main_metric, "selection_split": first_split, "settings": medians,
             "best_setting": best, "best": medians[best], "runs": runs}
 
 
 def format_table(summary: dict) -> str:
-    """One line per setting: the median of each score x100 over its seeds; '*' marks the best."""
+    """One line per setting: the median of each score x100 over its seeds; '*' marks the best; '-' where a setting
+    has no such score."""
     lines = []
     settings = summary["settings"]
-    cols = [(split, m) for split, scores in next(iter(settings.values())).items() for m in scores]
-    names = [f"{split}/{m}" if len(settings[next(iter(settings))]) > 1 else m for split, m in cols]
+    splits = _union(settings.values())
+    cols = [(split, m) for split in splits for m in _union(scores.get(split, {}) for scores in settings.values())]
+    names = [f"{split}/{m}" if len(splits) > 1 else m for split, m in cols]
     width = max(len(s) for s in settings) + 2
     seeds = {s: sum(1 for r in summary["runs"] if r["setting"] == s) for s in settings}
     lines.append(f"{summary['task']}: median over seeds (x100), best by {summary['selection_split']} "
@@ -58,7 +67,9 @@ def format_table(summary: dict) -> str:
     lines.append(f"  {'setting':<{width}}{'seeds':>6}" + "".join(f"{n:>16}" for n in names))
     for s, scores in settings.items():
         mark = "*" if s == summary["best_setting"] else " "
-        lines.append(f"{mark} {s:<{width}}{seeds[s]:>6}" + "".join(f"{100 * scores[sp][m]:>16.2f}" for sp, m in cols))
+        cells = [scores.get(sp, {}).get(m) for sp, m in cols]
+        lines.append(f"{mark} {s:<{width}}{seeds[s]:>6}" + "".join(f"{'-':>16}" if v is None else f"{100 * v:>16.2f}"
+                                                                    for v in cells))
     return "\n".join(lines)
 
 
