@@ -59,16 +59,11 @@ def task_spec(cfg):
                     tuple(t.labels) if t.labels else None, tuple(t.metrics), t.header, t.skip_malformed)
 
 
-def prepare(args):
-    """Everything that can be wrong, checked before any process group or training: config, sweep, task files,
-    checkpoint, tokenizer, batch arithmetic, layer decay."""
+def sweep_configs(args, world: int) -> list[tuple[str, object]]:
+    """(setting name, config) per point of the sweep. Precedence, lowest first: defaults, ``--config`` YAML,
+    ``--set`` in order, ``--seeds`` (as ``train.seeds``), the sweep point."""
     from trainer.finetune.config import accumulation, load_finetune_config
-    from trainer.finetune.model import load_source, load_tokenizer_for
     from trainer.finetune.sweep import parse_sweep
-    from trainer.finetune.tasks import read_task
-    from trainer.pretrain import launcher_world_size
-
-    world = launcher_world_size()
     extra = [f"train.seeds={args.seeds}"] if args.seeds is not None else []
     configs = []
     for point in parse_sweep(args.sweep):
@@ -76,6 +71,18 @@ def prepare(args):
         cfg.task.name, cfg.task.data = args.task.lower(), args.data
         accumulation(cfg, world)
         configs.append((" ".join(point) or "config", cfg))
+    return configs
+
+
+def prepare(args):
+    """Everything that can be wrong, checked before any process group or training: config, sweep, task files,
+    checkpoint, tokenizer, batch arithmetic, layer decay."""
+    from trainer.finetune.model import load_source, load_tokenizer_for
+    from trainer.finetune.tasks import read_task
+    from trainer.pretrain import launcher_world_size
+
+    world = launcher_world_size()
+    configs = sweep_configs(args, world)
     cfg = configs[0][1]
     spec = task_spec(cfg)
     splits = read_task(spec, cfg.task.data)

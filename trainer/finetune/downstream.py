@@ -92,7 +92,9 @@ class DownstreamTask(BaseModel):
     """``--set`` overrides for the fine-tuning, e.g. [optim.lr=3e-5, train.epochs=2]."""
     sweep: list[str] = Field(default_factory=list)
     """``--sweep`` grids, e.g. [optim.lr=2e-5,3e-5]; the logged score is the best setting's median."""
-    seeds: int = Field(default=1, gt=0)
+    seeds: int | None = Field(default=None, gt=0)
+    """Runs per setting (``--seeds``); when given it overrides ``train.seeds`` of ``set`` and of the ``config``
+    YAML, as ``--seeds`` does on the command line. None: those decide (1 when neither sets it)."""
 
 
 class EvalConfig(BaseModel):
@@ -289,8 +291,10 @@ class DownstreamLauncher:
     def _command(self, t: DownstreamTask, step: int, copy: Path) -> list[str]:
         out = copy.parent
         cmd = [*self.cfg.command_prefix, sys.executable, "-m", "trainer.finetune", "--checkpoint", str(copy),
-               "--task", t.task, "--data", t.data, "--seeds", str(t.seeds), "--set", f"run_dir={out}",
+               "--task", t.task, "--data", t.data, "--set", f"run_dir={out}",
                "--report-run", str(self.run_dir), "--report-step", str(step), "--cleanup"]
+        if t.seeds is not None:  # else train.seeds of set / config stands (--seeds would override it)
+            cmd += ["--seeds", str(t.seeds)]
         if t.config:
             cmd += ["--config", t.config]
         for s in t.set:
