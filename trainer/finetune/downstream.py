@@ -41,26 +41,25 @@ dead, and its fine-tunings are queued again (run twice if it does in fact still 
 
 Where the child runs is ``command_prefix`` (e.g. ``[srun, --overlap, -N1, -n1, --gres=gpu:1]``) and ``env``; by
 default it sees no GPU (``child_env``), so it never lands on rank 0's. This module (the launcher side) imports only
-pydantic and the standard library at import time (it holds a config section); the runner side, the queue's records
-and the metrics.jsonl records are in ``downstream_runner.py``.
+pydantic and the standard library at import time (it holds a config section); the runner side, the queue's records,
+the metrics.jsonl records and the file helpers (``copy_checkpoint``, ``_write_atomic``) are in
+``downstream_runner.py``, which keeps this module under 500 lines.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainer.finetune.downstream_runner import (EXIT_FILE, Job, Runner, _boot_id, _exit_code,  # noqa: F401
-                                                _record_failure, _unfinished, alive, process_start, report, run_chain,
-                                                score_record)
+                                                _record_failure, _unfinished, _write_atomic, alive, copy_checkpoint,
+                                                process_start, report, run_chain, score_record)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUEUE_FILE = "queue.json"
@@ -113,32 +112,6 @@ class EvalConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     """Set in the child's environment. The child sees no GPU (CUDA_VISIBLE_DEVICES="") unless this names one, e.g.
     {CUDA_VISIBLE_DEVICES: "7"} for a GPU the pretraining does not use."""
-
-
-def copy_checkpoint(tag_dir: Path, dest: Path, links_only: bool = False) -> Path:
-    """``dest/<tag>``: hard links of the checkpoint's files (a copy where links fail); no universal/ subfolder. With
-    ``links_only`` a file that cannot be linked raises OSError (the partial copy removed) instead of being copied."""
-    target = dest / Path(tag_dir).name
-    if target.exists():
-        shutil.rmtree(target)
-    dest.mkdir(parents=True, exist_ok=True)
-
-    def link(src, dst):
-        try:
-            os.link(src, dst)
-        except OSError:
-            if links_only:
-                raise
-            shutil.copy2(src, dst)
-    try:
-        shutil.copytree(tag_dir, target, copy_function=link,
-                        ignore=shutil.ignore_patterns("universal", ".universal*"))
-    except (OSError, shutil.Error):
-        shutil.rmtree(target, ignore_errors=True)
-        if links_only:
-            raise OSError(f"cannot hard-link {tag_dir} into {dest}") from None
-        raise
-    return target
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
@@ -497,21 +470,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if failures else 0
     finally:
         lock.release()
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """``text`` to ``path`` through a temporary file of this process's own (host, pid, random: two writers never
-    share one, as they did ``queue.tmp``), fsync'd before ``os.replace`` so the rename never lands before the data."""
-    tmp = path.with_name(f"{path.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _listing(queued: list[Job]) -> str:

@@ -1,14 +1,17 @@
 """The runner side of ``eval.downstream`` (trainer/finetune/downstream.py): the fine-tunings (``Job``) and runner
-processes (``Runner``) that ``RUN_DIR/downstream/queue.json`` records, how a process is told apart from a later one
-that reused its pid (Linux ``/proc``: pid, start time, boot id), the runner's loop (``run_chain``) and the records it
-and the child append to the pretraining run's ``metrics.jsonl``. Standard library only at import time."""
+processes (``Runner``) that ``RUN_DIR/downstream/queue.json`` records (written by ``_write_atomic``), how a process is
+told apart from a later one that reused its pid (Linux ``/proc``: pid, start time, boot id), the runner's loop
+(``run_chain``), the records it and the child append to the pretraining run's ``metrics.jsonl``, and the checkpoint
+copy a job reads (``copy_checkpoint``). Standard library only at import time."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,3 +184,44 @@ def _append_record(run_dir: Path, rec: dict) -> None:
         os.write(fd, (json.dumps(rec) + "\n").encode())
     finally:
         os.close(fd)
+
+
+def copy_checkpoint(tag_dir: Path, dest: Path, links_only: bool = False) -> Path:
+    """``dest/<tag>``: hard links of the checkpoint's files (a copy where links fail); no universal/ subfolder. With
+    ``links_only`` a file that cannot be linked raises OSError (the partial copy removed) instead of being copied."""
+    target = dest / Path(tag_dir).name
+    if target.exists():
+        shutil.rmtree(target)
+    dest.mkdir(parents=True, exist_ok=True)
+
+    def link(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:
+            if links_only:
+                raise
+            shutil.copy2(src, dst)
+    try:
+        shutil.copytree(tag_dir, target, copy_function=link,
+                        ignore=shutil.ignore_patterns("universal", ".universal*"))
+    except (OSError, shutil.Error):
+        shutil.rmtree(target, ignore_errors=True)
+        if links_only:
+            raise OSError(f"cannot hard-link {tag_dir} into {dest}") from None
+        raise
+    return target
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """``text`` to ``path`` through a temporary file of this process's own (host, pid, random: two writers never
+    share one, as they did ``queue.tmp``), fsync'd before ``os.replace`` so the rename never lands before the data."""
+    tmp = path.with_name(f"{path.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
