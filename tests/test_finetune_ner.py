@@ -42,3 +42,29 @@ def test_summary_and_table_take_the_union_of_differing_keys():
     # the first setting lacking a column the second has (format_table took its columns from the first)
     table = format_table(summarize("ner", "f1", [runs[2], runs[0]]))
     assert "f1_MISC" in table and "10.00" in table
+
+
+class _Pieces:
+    """A tokenizer whose word ``w`` is ``len(w)`` sub-tokens (id 5 each); [CLS] 1, [SEP] 2."""
+    cls_id, sep_id = 1, 2
+
+    def encode(self, text):
+        return [5] * len(text.strip())
+
+
+def test_a_sentence_is_cut_at_the_first_word_that_does_not_fit(tmp_path, capsys):
+    long = "x" * 29
+    kind, splits = _ner(tmp_path, f"a B-PER\n{long} I-PER\nb O\nc B-LOC\n\nd O\n",
+                        f"a B-PER\n{long} I-PER\nb O\nc B-LOC\n\nd O\n\ne O\nf O\ng O\nh O\ni O\nj O\nk O\n")
+    labels = {t: i for i, t in enumerate(kind.labels)}
+    from trainer.finetune.ner import encode_tags
+    enc = encode_tags(_Pieces(), splits["train"], labels, 8)
+    # max_len 8: [CLS] a (1 piece) then the 29-piece word does not fit; before, b and c were kept after the hole
+    assert enc.first == [[1, -1, -1, -1], [1]]
+    assert enc.ids[0] == [1, 5, 2] and enc.labels[0] == [-100, labels["B-PER"], -100]
+    assert (enc.cut_sentences, enc.cut_words, enc.cut_entities) == (1, 3, 2)  # PER loses a word; LOC is gone
+    kind.encode(_Pieces(), splits["dev"], 8, "bert", 2)
+    err = capsys.readouterr().err
+    assert "warning:" in err and "dev.txt: 2 of 3 sentences cut at 8 tokens" in err and "2 gold entities" in err
+    kind.encode(_Pieces(), splits["train"], 64, "bert", 2)
+    assert "warning" not in capsys.readouterr().err

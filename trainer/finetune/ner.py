@@ -9,8 +9,9 @@ bio by default); a tag outside it stops the run naming file and line. The label 
 
 Encoding (BERT section 5.3): each word is tokenized on its own (RoBERTa's byte-level BPE with a leading space, as
 ``add_prefix_space``); its label goes on its first sub-token, the others get -100 and no loss. A sentence longer
-than the sequence is cut; its cut words (and words that tokenize to nothing) are predicted ``O`` when scoring, so
-the score stays over every gold entity. Metrics (conlleval.py): entity-level micro ``f1``, ``precision``,
+than the sequence is cut before the first word that does not fit; its cut words (and words that tokenize to nothing)
+are predicted ``O`` when scoring, so the score stays over every gold entity, and each split's cut sentences, words
+and entities are counted and said (a warning naming the file). Metrics (conlleval.py): entity-level micro ``f1``, ``precision``,
 ``recall``, token ``accuracy``, and ``f1_<TYPE>`` for every entity type of the label set (0 where a split has none
 and none is predicted), so every run of a sweep reports the same keys.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trainer.finetune.conlleval import check_tag, evaluate, split_tag
+from trainer.finetune.conlleval import check_tag, chunks, evaluate, split_tag
 from trainer.finetune.kind_base import run_model, IGNORE, TaskKind, pad_rows
 from trainer.finetune.tasks import TaskDataError, read_lines
 
@@ -107,6 +108,11 @@ class EncodedTags:
     first: list[list[int]]
     """Per sentence: the token position of each word's first sub-token, -1 for a word cut or tokenized to nothing."""
     gold: list[list[str]]
+    cut_sentences: int = 0
+    """Sentences cut at the sequence length (``encode_tags``)."""
+    cut_words: int = 0
+    cut_entities: int = 0
+    """Gold entities (conlleval chunks) with at least one word cut: they count as missed."""
 
 
 def word_pieces(tokenizer, words: list[str]) -> list[list[int]]:
@@ -117,16 +123,22 @@ def word_pieces(tokenizer, words: list[str]) -> list[list[int]]:
 
 
 def encode_tags(tokenizer, split: Sentences, label_ids: dict[str, int], max_len: int) -> EncodedTags:
+    """[CLS] words [SEP], cut before the first word whose sub-tokens do not fit: that word and every later one get
+    position -1 (a word cut out of the middle would join its neighbours into one entity), and are counted."""
     out = EncodedTags([], [], [], [], [])
     for words, tags in zip(split.words, split.tags):
         ids, labels, first = [tokenizer.cls_id], [IGNORE], []
         for pieces, tag in zip(word_pieces(tokenizer, words), tags):
-            if not pieces or len(ids) + len(pieces) > max_len - 1:
-                first.append(-1)
-                continue
-            first.append(len(ids))
+            if len(ids) + len(pieces) > max_len - 1:
+                break
+            first.append(len(ids) if pieces else -1)
             ids += pieces
-            labels += [label_ids[tag]] + [IGNORE] * (len(pieces) - 1)
+            labels += ([label_ids[tag]] + [IGNORE] * (len(pieces) - 1)) if pieces else []
+        if len(first) < len(words):
+            out.cut_sentences += 1
+            out.cut_words += len(words) - len(first)
+            out.cut_entities += sum(1 for _, end, _ in chunks(tags) if end >= len(first))
+            first += [-1] * (len(words) - len(first))
         ids.append(tokenizer.sep_id)
         labels.append(IGNORE)
         out.ids.append(ids)
@@ -135,6 +147,15 @@ def encode_tags(tokenizer, split: Sentences, label_ids: dict[str, int], max_len:
         out.first.append(first)
         out.gold.append(tags)
     return out
+
+
+def cut_warning(path, data: EncodedTags, max_len: int) -> str | None:
+    """The line that says how much of a split the sequence length cut (None: nothing)."""
+    if not data.cut_sentences:
+        return None
+    return (f"{path}: {data.cut_sentences} of {len(data.ids)} sentences cut at {max_len} tokens ({data.cut_words} "
+            f"words predicted O, {data.cut_entities} gold entities lose words and count as missed); raise "
+            "train.max_seq_length (ERNIE used 256 for MSRA-NER)")
 
 
 class NerKind(TaskKind):
@@ -166,7 +187,11 @@ class NerKind(TaskKind):
         return splits
 
     def encode(self, tokenizer, split, max_len, family, types):
-        return encode_tags(tokenizer, split, {t: i for i, t in enumerate(self.labels)}, max_len)
+        from trainer.log import warn0
+        data = encode_tags(tokenizer, split, {t: i for i, t in enumerate(self.labels)}, max_len)
+        if (warning := cut_warning(split.path, data, max_len)) is not None:
+            warn0(warning)
+        return data
 
     def collate(self, data, idx, pad_id):
         ids = pad_rows([data.ids[i] for i in idx], pad_id)
