@@ -47,9 +47,10 @@ setup(
         "plot": ["matplotlib"],
         # bench/prep.py runs Megatron-LM's tools/preprocess_data.py as its baseline; its tokenizer module imports six
         "bench": ["transformers>=4.57", "six"],
-        "eval": ["scikit-learn>=1.3", "scipy>=1.10"],  # GLUE metrics of python -m trainer.finetune
+        # GLUE metrics of python -m trainer.finetune; nltk: CMRC 2018 / DRCD F1 splits words as the official script
+        "eval": ["scikit-learn>=1.3", "scipy>=1.10", "nltk>=3.8"],
         # pytest < 9.2: pytest-xdist 3.8 groups tests (--dist loadgroup) through an attribute pytest 9.2 renamed
         "dev": ["pytest>=7,<9.2", "pytest-timeout", "pytest-xdist>=3.5", "matplotlib", "transformers>=4.57", "protobuf",
-                "scikit-learn>=1.3", "scipy>=1.10"],
+                "scikit-learn>=1.3", "scipy>=1.10", "nltk>=3.8"],
     },
 )

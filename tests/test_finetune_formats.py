@@ -77,6 +77,55 @@ def test_official_normalisation_and_f1():
     assert f1_zh("1990年 Paris", "Paris") == pytest.approx(0.5)  # segments 1990 / 年 / paris: P 1, R 1/3
 
 
+
+def _official_cmrc_f1(gold: str, pred: str) -> float:
+    """CMRC 2018's evaluate script v5 (mixed_segmentation with rm_punc, find_lcs, calc_f1_score for one gold),
+    transcribed; its nltk.word_tokenize as NLTKWordTokenizer (word_tokenize without punkt's data)."""
+    import re
+
+    from nltk.tokenize import NLTKWordTokenizer
+    sp = ['-', ':', '_', '*', '^', '/', '\\', '~', '`', '+', '=', '，', '。', '：', '？', '！', '“', '”', '；', '’',
+          '《', '》', '……', '·', '、', '「', '」', '（', '）', '－', '～', '『', '』']
+
+    def segs(in_str):
+        in_str, out, temp = str(in_str).lower().strip(), [], ""
+        for char in in_str:
+            if char in sp:
+                continue
+            if re.search(r"[\u4e00-\u9fa5]", char):
+                if temp != "":
+                    out.extend(NLTKWordTokenizer().tokenize(temp))
+                    temp = ""
+                out.append(char)
+            else:
+                temp += char
+        return out + (NLTKWordTokenizer().tokenize(temp) if temp != "" else [])
+    a, b = segs(gold), segs(pred)
+    m = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+    best = 0
+    for i in range(len(a)):
+        for j in range(len(b)):
+            if a[i] == b[j]:
+                m[i + 1][j + 1] = m[i][j] + 1
+                best = max(best, m[i + 1][j + 1])
+    if best == 0:
+        return 0
+    precision, recall = best / len(b), best / len(a)
+    return 2 * precision * recall / (precision + recall)
+
+
+def test_cmrc_f1_splits_words_as_the_official_script():
+    # the review's examples (official F1 first): before, runs were split on whitespace: 0.667, 0, 0, 0.4
+    for gold, pred, official in (("约20%", "20%", 0.8), ("100", "$100", 2 / 3), ("1998年", "(1998)", 0.4),
+                                 ("3.5%", "3.5%的增长", 4 / 7)):
+        assert f1_zh(gold, pred) == pytest.approx(official) == pytest.approx(_official_cmrc_f1(gold, pred))
+    rng = random.Random(0)
+    pieces = ["北", "京", "年", "约", "的", " ", "20", "3.5", "%", "$", "(", ")", "1998", "Paris", "u.s.", ",", ".",
+              "'s", "-", "：", "（", "）", "\"", "n't", "x", "?"]
+    for _ in range(2000):
+        gold, pred = ("".join(rng.choice(pieces) for _ in range(rng.randint(1, 8))) for _ in range(2))
+        assert f1_zh(gold, pred) == pytest.approx(_official_cmrc_f1(gold, pred)), (gold, pred)
+
 def test_null_threshold_as_the_official_script():
     # q1 answerable, span right, margin 0.5; q2 unanswerable, span given, margin 2; q3 answerable, span wrong, margin 3
     golds = {"q1": ["Paris"], "q2": [], "q3": ["Seine"]}
