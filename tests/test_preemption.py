@@ -64,6 +64,29 @@ def test_loader_workers_ignore_a_stop_signal_to_the_process_group():
     assert "shut down 1 alive after [False, False]" in proc.stdout, proc.stdout
 
 
+PLAIN_EXIT = r"""
+import sys, torch
+from trainer.data.loader import build_dataloader
+
+class Samples(torch.utils.data.Dataset):
+    def __len__(self): return 4096
+    def __getitem__(self, i): return i
+
+batches = iter(build_dataloader(Samples(), torch.tensor, 0, 8, 4, 0, 1, 4096, num_workers=2, prefetch_factor=2))
+print("first", next(batches).tolist(), flush=True)
+sys.exit(3)  # a plain interpreter exit, workers alive and shutdown_workers never called
+"""
+
+
+def test_a_script_that_exits_with_live_loader_workers_ends():
+    """A script (a benchmark, a user's loop over build_dataloader) that exits without ``shutdown_workers``: before,
+    Python's exit sent SIGTERM to the workers, which ignore it, then joined them forever. The atexit hook now shuts
+    them down first; the script's own exit status comes through."""
+    proc = subprocess.run([sys.executable, "-c", PLAIN_EXIT], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          start_new_session=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == 3 and "first [0, 1, 2, 3]" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
 def _launch(corpus: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
     status_dir = run_dir.parent / f"{run_dir.name}.exit"
     status_dir.mkdir(parents=True, exist_ok=True)

@@ -15,10 +15,14 @@ the short window before it. Linux's default start method up to Python 3.13, ``fo
 
 Workers end with their loader (``shutdown_workers`` at the end of a run): ``trainer.pretrain`` leaves the process
 with ``os._exit``, which skips the DataLoader's own clean-up, and a worker that ignores SIGTERM would otherwise live
-until its parent-death check (every 5 s) notices.
+until its parent-death check (every 5 s) notices. A script that ends with a plain interpreter exit (a benchmark, a
+user's own loop over ``build_dataloader``) gets the same clean-up from an ``atexit`` hook: without it, Python's exit
+sends SIGTERM to the daemonic workers and then joins them, and workers that ignore SIGTERM made the exit hang forever
+(found by review). The hook is registered after multiprocessing's own, so it runs first.
 """
 from __future__ import annotations
 
+import atexit
 import signal
 import weakref
 
@@ -66,3 +70,6 @@ def shutdown_workers() -> int:
         iterator._shutdown_workers()
     _live_iterators.clear()
     return len(iterators)
+
+
+atexit.register(shutdown_workers)
