@@ -166,3 +166,28 @@ def test_multiclass_f1_refused_at_config_time_and_macro_micro_offered(tmp_path):
     scores = compute(["f1_macro", "f1_micro", "accuracy"], pred, gold)
     assert scores["f1_macro"] == pytest.approx((2 / 3 + 4 / 5 + 1 / 2) / 3)
     assert scores["f1_micro"] == pytest.approx(scores["accuracy"]) == pytest.approx(4 / 6)
+
+
+def test_glue_main_metric_follows_task_metrics():
+    from trainer.config import ConfigError
+    from trainer.finetune.__main__ import task_spec
+    from trainer.finetune.config import load_finetune_config
+
+    def spec(name, *sets):
+        cfg = load_finetune_config(None, list(sets))
+        cfg.task.name = name
+        return task_spec(cfg)
+    assert spec("mrpc").metrics == ("f1", "accuracy") and spec("tsv").metrics == ("accuracy",)
+    # RoBERTa / ELECTRA select MRPC and QQP by accuracy; before, task.metrics was silently ignored for GLUE names
+    assert spec("mrpc", "task.metrics=[accuracy,f1]").metrics == ("accuracy", "f1")
+    assert spec("qqp", "task.metrics=[accuracy]").metrics == ("accuracy",)
+    with pytest.raises(ConfigError, match=r"task\.metrics: \['accuracy'\] do not apply to sts-b \(a regression\)"):
+        spec("sts-b", "task.metrics=[accuracy]")
+    with pytest.raises(ConfigError, match=r"f1 is binary and mnli has 3 classes; use f1_macro"):
+        spec("mnli", "task.metrics=[f1]")
+    assert spec("mnli", "task.metrics=[accuracy,f1_macro]").metrics == ("accuracy", "f1_macro")
+    with pytest.raises(ConfigError, match="at least one metric"):
+        load_finetune_config(None, ["task.metrics=[]"])
+    runs = [{"setting": s, "seed": 1, "metrics": {"dev": {"accuracy": a, "f1": f}}}
+            for s, a, f in (("lr=1", 0.80, 0.90), ("lr=2", 0.85, 0.88))]
+    assert summarize("mrpc", spec("mrpc", "task.metrics=[accuracy,f1]").metrics[0], runs)["best_setting"] == "lr=2"

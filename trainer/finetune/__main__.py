@@ -48,15 +48,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def task_spec(cfg):
     from trainer.finetune.kinds import task_kind
-    from trainer.finetune.tasks import TaskSpec, glue_task
+    from trainer.finetune.tasks import TaskSpec, glue_task, with_metrics
     t = cfg.task
     kind = task_kind(t)  # jsonl, ner, squad, race, swag (trainer/finetune/kinds.py)
     if kind is not None:
         return kind
-    if t.name != "tsv":  # GLUE's columns and labels; task.skip_malformed still applies (older QQP copies)
-        return dataclasses.replace(glue_task(t.name), skip_malformed=t.skip_malformed)
+    if t.name != "tsv":  # GLUE's columns and labels; task.skip_malformed and task.metrics still apply
+        spec = dataclasses.replace(glue_task(t.name), skip_malformed=t.skip_malformed)
+        return with_metrics(spec, t.metrics) if t.metrics is not None else spec
     return TaskSpec("tsv", t.train_file, dict(t.dev_files), t.text_a, t.text_b, t.label,
-                    tuple(t.labels) if t.labels else None, tuple(t.metrics), t.header, t.skip_malformed)
+                    tuple(t.labels) if t.labels else None, tuple(t.metrics or ("accuracy",)), t.header,
+                    t.skip_malformed)
 
 
 def sweep_configs(args, world: int) -> list[tuple[str, object]]:

@@ -45,10 +45,11 @@ class TaskSection(_Section):
     def _labels_as_text(cls, value):
         return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value] \
             if isinstance(value, list) else value
-    metrics: list[Literal["accuracy", "f1", "f1_macro", "f1_micro", "matthews", "pearson", "spearman"]] = Field(
-        default_factory=lambda: ["accuracy"])
-    """tsv, jsonl: metrics to report; the first is the main score. ``f1`` is binary (F1 of the second label, as
-    GLUE's MRPC/QQP): with more than 2 labels use ``f1_macro`` or ``f1_micro``."""
+    metrics: list[Literal["accuracy", "f1", "f1_macro", "f1_micro", "matthews", "pearson", "spearman"]] | None = None
+    """tsv, jsonl, GLUE: metrics to report; the first is the main score, which selects the best setting. None = the
+    task's own (GLUE's, e.g. f1 then accuracy for MRPC/QQP; accuracy for tsv/jsonl); RoBERTa and ELECTRA select
+    MRPC/QQP by accuracy: [accuracy, f1]. ``f1`` is binary (F1 of the second label, as GLUE's MRPC/QQP): with more
+    than 2 labels use ``f1_macro`` or ``f1_micro``."""
     header: bool = True
     """tsv only: the files start with a header line."""
     skip_malformed: bool = False
@@ -72,7 +73,9 @@ class TaskSection(_Section):
     @model_validator(mode="after")
     def _binary_f1(self):
         # scikit-learn's binary F1 raises on a multi-class task only when scoring, after the whole training
-        if "f1" in self.metrics and self.labels is not None and len(self.labels) > 2:
+        if self.metrics is not None and not self.metrics:
+            raise ValueError("task.metrics: list at least one metric (or leave it out: the task's own)")
+        if "f1" in (self.metrics or ()) and self.labels is not None and len(self.labels) > 2:
             raise ValueError(f"task.metrics: f1 is the binary F1 of label {self.labels[1]!r}, but task.labels has "
                              f"{len(self.labels)} classes; use f1_macro (unweighted mean over classes) or f1_micro")
         return self
@@ -134,12 +137,6 @@ class FinetuneConfig(_Section):
     """Results go to RUN_DIR/finetune/<task>/; None = the checkpoint's run folder (or the model folder)."""
     tokenizer: str | None = None
     """Tokenizer folder; None = the checkpoint's own (a run's corpus tokenizer, or the files in a model folder)."""
-
-    @model_validator(mode="after")
-    def _check(self):
-        if self.task.name == "tsv" and not self.task.metrics:
-            raise ValueError("task.metrics: list at least one metric")
-        return self
 
 
 def batch_split(cfg: FinetuneConfig, world_size: int) -> tuple[int, int]:

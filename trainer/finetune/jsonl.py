@@ -67,4 +67,4 @@ def jsonl_spec(t) -> TaskSpec:
     train = "train.json" if t.train_file == "train.tsv" else t.train_file
     dev = {"dev": "dev.json"} if dict(t.dev_files) == {"dev": "dev.tsv"} else dict(t.dev_files)
     return TaskSpec("jsonl", train, dev, t.text_a, t.text_b, t.label, tuple(t.labels) if t.labels else None,
-                    tuple(t.metrics), False, t.skip_malformed)
+                    tuple(t.metrics or ("accuracy",)), False, t.skip_malformed)
