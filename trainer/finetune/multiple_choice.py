@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import json
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,9 +96,11 @@ def read_race(folder: Path, skip_malformed: bool = False) -> Choices:
                                       "answers")
                 continue
             for i, (q, opts, ans) in enumerate(zip(questions, options, answers)):
-                label = ord(str(ans).strip() or "?") - ord("A")
-                if not 0 <= label < len(opts):
-                    reader.add(f"{path} question {i}", f"answer {ans!r} is not one of the {len(opts)} options")
+                letters = string.ascii_uppercase[:len(opts)]
+                label = letters.find(str(ans).strip()) if len(str(ans).strip()) == 1 else -1  # "AB" would crash ord()
+                if label < 0:
+                    reader.add(f"{path} question {i}", f"answer {ans!r} is not one of the {len(opts)} options (one "
+                                                       f"letter of {letters})")
                     continue
                 reader.add(f"{path} question {i}", Choice(article, [race_choice(article, q, o) for o in opts], label,
                                                           group))
