@@ -28,3 +28,21 @@ def test_race_answer_that_is_not_one_option_letter_is_named(tmp_path, answer):
     split = read_race(folder, skip_malformed=True)
     assert [c.label for c in split.items] == [0] and len(split.skipped) == 1
     assert [c.label for c in read_race(_race(tmp_path / "ok", ["D", " B "])).items] == [3, 1]
+
+
+def test_duplicate_squad_question_ids_are_refused(tmp_path):
+    from trainer.finetune.squad import read_squad
+
+    def qa(qid, text):
+        return {"id": qid, "question": "Where?", "answers": [{"text": text, "answer_start": 0}]}
+    path = tmp_path / "dev-v1.1.json"
+    path.write_text(json.dumps({"data": [{"paragraphs": [{"context": "Paris is big.", "qas": [qa("q1", "Paris")]},
+                                                         {"context": "Rome is old.", "qas": [qa("q2", "Rome"),
+                                                                                             qa("q1", "Rome")]}]}]}))
+    # before: both read, and the scores (kept per id) merged them into one question
+    with pytest.raises(TaskDataError, match=r"dev-v1\.1\.json: question q1 \(data\[0\]\.paragraphs\[1\]\.qas\[1\]\): "
+                                            r"the id repeats that of data\[0\]\.paragraphs\[0\]\.qas\[0\]"):
+        read_squad(path, False)
+    split = read_squad(path, True, skip_malformed=True)
+    assert [q.qid for q in split.questions] == ["q1", "q2"] and split.skipped == ["q1"]
+    assert "1 malformed questions skipped" in split.describe()

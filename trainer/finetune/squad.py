@@ -4,8 +4,9 @@ Layout: ``{"data": [{"paragraphs": [{"context": ..., "qas": [{"id", "question", 
 "answer_start"}], "is_impossible"}]}]}]}``. Files: ``task.train_file`` / ``task.dev_files`` if set, else the first
 present of train-v2.0.json, train-v1.1.json, train.json, cmrc2018_train.json, DRCD_training.json (dev likewise).
 v2.0 is detected from the data (any ``is_impossible`` question); then "no answer" is a prediction. Before training,
-a record without context, question or id, or a training answer whose text is not at its ``answer_start``, stops the
-run naming the file and question id (``skip_malformed`` skips and counts them).
+a record without context, question or id, a question whose id repeats an earlier one's (scores are kept per id,
+as in the official scripts, so the two would be merged), or a training answer whose text is not at its
+``answer_start``, stops the run naming the file and question id (``skip_malformed`` skips and counts them).
 
 Features (BERT's run_squad / Hugging Face's run_qa): the question cut to ``max_query_length`` tokens, the context in
 windows of what is left of the sequence, each window starting ``doc_stride`` tokens after the last; answers are
@@ -68,6 +69,7 @@ def read_squad(path: Path, training: bool, skip_malformed: bool = False) -> Ques
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise TaskDataError(f"{path}: no top-level 'data' list (SQuAD layout: {{'data': [{{'paragraphs': ...}}]}})")
     out = Questions(path)
+    seen: dict[str, str] = {}  # id -> where it first occurs: scores are kept per id, a repeat would be merged
     for a, article in enumerate(data["data"]):
         for p, para in enumerate(article.get("paragraphs", []) if isinstance(article, dict) else []):
             where = f"data[{a}].paragraphs[{p}]"
@@ -75,12 +77,16 @@ def read_squad(path: Path, training: bool, skip_malformed: bool = False) -> Ques
             for i, qa in enumerate(para.get("qas", []) if isinstance(para, dict) else []):
                 qid = qa.get("id", f"{where}.qas[{i}]") if isinstance(qa, dict) else f"{where}.qas[{i}]"
                 problem, q = _question(qa, context, training)
+                if q is not None and q.qid in seen:
+                    problem = (f"the id repeats that of {seen[q.qid]} (scores are kept per id: the two would be "
+                               "merged into one)")
                 if problem:
                     if skip_malformed:
                         out.skipped.append(str(qid))
                         continue
                     raise TaskDataError(f"{path}: question {qid} ({where}.qas[{i}]): {problem}; fix the record, or "
                                         "set task.skip_malformed: true to skip and count such questions")
+                seen[q.qid] = f"{where}.qas[{i}]"
                 out.questions.append(q)
     if not out.questions:
         raise TaskDataError(f"{path}: no questions (an empty split cannot train or evaluate)")
