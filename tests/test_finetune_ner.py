@@ -68,3 +68,11 @@ def test_a_sentence_is_cut_at_the_first_word_that_does_not_fit(tmp_path, capsys)
     assert "warning:" in err and "dev.txt: 2 of 3 sentences cut at 8 tokens" in err and "2 gold entities" in err
     kind.encode(_Pieces(), splits["train"], 64, "bert", 2)
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_token_that_is_a_unicode_space_is_a_token(tmp_path):
+    from trainer.finetune.ner import read_conll
+    # People's Daily / MSRA files hold full-width spaces as characters; before: "1 column(s)" at line 2
+    (tmp_path / "zh.txt").write_text("北 B-LOC\n\u3000 O\n京\tI-LOC\n\u00a0 O\n\n长 B-LOC \r\n")
+    s = read_conll(tmp_path / "zh.txt")
+    assert s.words == [["北", "\u3000", "京", "\u00a0"], ["长"]] and s.tags == [["B-LOC", "O", "I-LOC", "O"], ["B-LOC"]]

@@ -1,8 +1,9 @@
 """``ner``: token classification (named entities) from CoNLL column files, scored as conlleval does.
 
 Layout: ``train.txt``, ``dev.txt`` and, if present, ``test.txt`` in the data folder. One token per line, columns
-separated by whitespace, the token in column ``task.token_column`` (0) and its tag in the last column; sentences are
-separated by blank lines; ``-DOCSTART-`` lines (CoNLL-2003's document marks) are skipped. A Chinese file of one
+separated by ASCII spaces or tabs (a token may be a no-break or ideographic space), the token in column
+``task.token_column`` (0) and its tag in the last column; sentences are separated by blank lines; ``-DOCSTART-``
+lines (CoNLL-2003's document marks) are skipped. A Chinese file of one
 character per line (MSRA-NER, People's Daily) is the same layout. Tags follow ``task.scheme`` (bio, iob1 or bioes;
 bio by default); a tag outside it stops the run naming file and line. The label set is every tag of every split,
 ``O`` first then sorted.
@@ -11,12 +12,13 @@ Encoding (BERT section 5.3): each word is tokenized on its own (RoBERTa's byte-l
 ``add_prefix_space``); its label goes on its first sub-token, the others get -100 and no loss. A sentence longer
 than the sequence is cut before the first word that does not fit; its cut words (and words that tokenize to nothing)
 are predicted ``O`` when scoring, so the score stays over every gold entity, and each split's cut sentences, words
-and entities are counted and said (a warning naming the file). Metrics (conlleval.py): entity-level micro ``f1``, ``precision``,
-``recall``, token ``accuracy``, and ``f1_<TYPE>`` for every entity type of the label set (0 where a split has none
-and none is predicted), so every run of a sweep reports the same keys.
+and entities are counted and said (a warning naming the file). Metrics (conlleval.py): entity-level micro ``f1``,
+``precision``, ``recall``, token ``accuracy``, and ``f1_<TYPE>`` for every entity type of the label set (0 where a
+split has none and none is predicted), so every run of a sweep reports the same keys.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +30,9 @@ from trainer.finetune.kind_base import run_model, IGNORE, TaskKind, pad_rows
 from trainer.finetune.tasks import TaskDataError, read_lines
 
 FILES = {"train": "train.txt", "dev": "dev.txt", "test": "test.txt"}
+_ASCII_SPACE = re.compile(r"[ \t\n\r\f\v]+")
+"""Column separators: ASCII spaces and tabs as conlleval splits, not ``str.split``'s Unicode whitespace, which would
+take a token that is a no-break or ideographic space (U+00A0, U+3000: in Chinese corpora) for a missing column."""
 
 
 @dataclass
@@ -67,7 +72,7 @@ def read_conll(path: Path, scheme: str = "bio", token_column: int = 0, skip_malf
         words, tags = [], []
 
     for number, line in enumerate(lines, start=1):
-        cols = line.split()
+        cols = [c for c in _ASCII_SPACE.split(line) if c]
         if not cols:
             flush()
             continue
@@ -78,7 +83,7 @@ def read_conll(path: Path, scheme: str = "bio", token_column: int = 0, skip_malf
         problem = None
         if len(cols) < 2 or len(cols) <= token_column:
             problem = (f"{len(cols)} column(s); expected the token in column {token_column} and the tag last "
-                       "(whitespace-separated)")
+                       "(separated by ASCII spaces or tabs)")
         else:
             problem = check_tag(cols[-1], scheme)
             if problem:
