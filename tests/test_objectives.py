@@ -14,6 +14,7 @@ from trainer.data.loader import Collator
 from trainer.loop import _to_device
 from trainer.models import get_preset
 from trainer.objectives import ObjectiveConfig, check_data_requirements, get_objective
+from trainer.objectives.base import metric_value
 from trainer.objectives.electra import ElectraObjective, gumbel_sample
 
 
@@ -75,7 +76,7 @@ def test_losses_match_a_direct_computation(name, fmt, preset, split_corpus, en_t
             head = "nsp" if name == "mlm+nsp" else "sop"
             ref = ref + torch.nn.functional.cross_entropy(model.heads[head](hidden), batch["sentence_label"])
     assert torch.allclose(loss.detach(), ref, atol=1e-5)
-    assert abs(metrics["mlm_loss"].item() - math.log(en_tokenizer.vocab_size)) < 1.5  # untrained: ~uniform
+    assert abs(metric_value(metrics["mlm_loss"]) - math.log(en_tokenizer.vocab_size)) < 1.5  # untrained: ~uniform
     assert all(p.grad is not None for p in model.heads.parameters())
 
 
@@ -114,7 +115,7 @@ def test_packed_doc_sentences_give_the_loss_of_their_samples_unpacked(name, pres
         a = objective.loss(model, _to_device(packed, "cpu"))[1]
         b = objective.loss(model, _to_device(unpacked, "cpu"))[1]
     key = "gen_mlm_loss" if name == "electra" else "mlm_loss"
-    assert a[key].item() == pytest.approx(b[key].item(), abs=1e-4), (a, b)
+    assert metric_value(a[key]) == pytest.approx(metric_value(b[key]), abs=1e-4), (a, b)
 
 
 def test_gumbel_sampling_follows_the_softmax():
@@ -150,8 +151,8 @@ def test_electra_labels_samples_equal_to_the_original_as_original():
     model = _OracleElectra(torch.tensor([7, 8]))
     loss, metrics = ElectraObjective({"rtd_weight": 50}).loss(model, batch)
     assert model.seen.tolist() == [[2, 7, 8, 9, 3, 0]]  # the discriminator sees the original sequence
-    assert metrics["replaced_frac"].item() == 0.0
-    assert metrics["rtd_acc"].item() == 1.0  # logit 0 = "original" for every real token
+    assert metric_value(metrics["replaced_frac"]) == 0.0
+    assert metric_value(metrics["rtd_acc"]) == 1.0  # logit 0 = "original" for every real token
     # discriminator loss is BCE(0, label 0) = log 2 on each of the 5 real tokens
     assert loss.item() == pytest.approx(50 * math.log(2), rel=1e-5)
 
@@ -182,10 +183,10 @@ def test_electra_labels_replaced_tokens_at_their_positions():
     model = _FixedElectra(original)
     loss, metrics = ElectraObjective({"rtd_weight": 1}).loss(model, batch)
     assert model.seen.tolist() == [[2, 5, 4, 9, 3, 0], [2, 5, 5, 8, 5, 3]]
-    assert metrics["replaced_frac"].item() == pytest.approx(3 / 11)
+    assert metric_value(metrics["replaced_frac"]) == pytest.approx(3 / 11)
     # the discriminator is right at every real token iff the labels mark exactly the replaced positions
-    assert metrics["rtd_acc"].item() == 1.0 and metrics["rtd_precision"].item() == 1.0
-    assert metrics["rtd_recall"].item() == 1.0 and metrics["rtd_loss"].item() < 1e-6
+    assert metric_value(metrics["rtd_acc"]) == 1.0 and metric_value(metrics["rtd_precision"]) == 1.0
+    assert metric_value(metrics["rtd_recall"]) == 1.0 and metric_value(metrics["rtd_loss"]) < 1e-6
 
 
 def test_electra_sampling_passes_no_gradient_to_the_generator(split_corpus, en_tokenizer):
@@ -201,7 +202,7 @@ def test_electra_sampling_passes_no_gradient_to_the_generator(split_corpus, en_t
     gen_loss_grads = torch.autograd.grad(_gen_loss(model, batch), gen_params, allow_unused=True)
     for g, h in zip(grads, gen_loss_grads):
         assert (g is None and h is None) or torch.allclose(g, h, atol=1e-6)
-    assert metrics["rtd_loss"].item() > 0 and 0.0 < metrics["replaced_frac"].item() < 0.2
+    assert metric_value(metrics["rtd_loss"]) > 0 and 0.0 < metric_value(metrics["replaced_frac"]) < 0.2
 
 
 def _gen_loss(model, batch):
@@ -296,7 +297,7 @@ def _train_loop(objective, model, train, valid, steps, lr, warmup=30):
         with torch.no_grad():
             rows = [objective.loss(model, b)[1] for b in valid]
         model.train()
-        return {k: float(np.mean([r[k].item() for r in rows])) for k in rows[0]}
+        return {k: float(np.mean([metric_value(r[k]) for r in rows])) for k in rows[0]}
 
     before = evaluate()
     for step in range(steps):
@@ -445,3 +446,67 @@ def test_electra_sharing_and_generator_size(en_tokenizer):
     none = ElectraObjective({"sharing": "none"}).build_model(cfg)  # fraction from the preset (1/4)
     assert none.generator.encoder.embeddings is not none.discriminator.encoder.embeddings
     assert none.generator_cfg.hidden_size == cfg.hidden_size // 4
+
+
+
+class _StandInEngine:
+    """Calls the loss as DeepSpeed's engine forward does (``engine(fn, batch)`` -> ``fn(module, batch)``)."""
+
+    device = "cpu"
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, fn, batch):
+        return fn(self.model, batch)
+
+    def train(self, mode):
+        self.model.train(mode)
+
+
+@pytest.mark.parametrize("name,fmt,preset", [("mlm", "full-sentences", "tiny-roberta"),
+                                             ("mlm+nsp", "segment-pair", "tiny"),
+                                             ("electra", "full-sentences", "tiny-electra")])
+def test_evaluation_scores_a_set_the_same_at_any_micro_batch_size(name, fmt, preset, split_corpus, en_tokenizer):
+    """The trainer's evaluation (``Trainer._evaluate``, run here on a stand-in engine) pools each loss and accuracy
+    by its prediction count: one set of 16 rows scores the same in 1 micro-batch of 16 as in 8 micro-batches of 2
+    (world size 1 at micro-batch 16, or 8 at micro-batch 2). The stand-in cannot see DeepSpeed's forward itself; the
+    gloo runs in test_trainer_multiproc.py go through it."""
+    from types import SimpleNamespace
+
+    from trainer.loop import Trainer
+
+    cfg = data_config(split_corpus[1], format=fmt, max_seq_length=64, masking={"max_predictions_per_seq": 20})
+    ds = PretrainingDataset(cfg, en_tokenizer, seed=0)
+    whole = Collator(en_tokenizer.pad_id, 64, 20)([ds[i] for i in range(16)])
+    torch.manual_seed(0)
+    objective = get_objective({"name": name})
+    model = objective.build_model(_model_cfg(preset, en_tokenizer))
+    with torch.no_grad():  # sharper than at initialisation, so that rows' losses differ as a trained model's do
+        for p in model.parameters():
+            p.mul_(4.0)
+    engine = _StandInEngine(model)
+
+    def split(micro: int) -> list:
+        # the rows of each micro-batch, its packing (the real tokens) computed again for them, as the loader does
+        return [_to_device({k: v[i:i + micro] for k, v in whole.items() if k != "packing"}, "cpu")
+                for i in range(0, 16, micro)]
+
+    def evaluate(micro: int) -> dict:
+        batches = split(micro)
+        trainer = SimpleNamespace(engine=engine, comps=SimpleNamespace(eval_batches=lambda: iter(batches),
+                                                                       loss=objective.loss),
+                                  cfg=SimpleNamespace(train=SimpleNamespace(eval_batches=1)),
+                                  grad_accum=len(batches), world_size=1)
+        return Trainer._evaluate(trainer)
+
+    big, small = evaluate(16), evaluate(2)
+    prefix = "gen_" if name == "electra" else ""
+    keys = [f"{prefix}mlm_loss", f"{prefix}mlm_acc"] + (["nsp_loss", "nsp_acc"] if name == "mlm+nsp" else [])
+    for key in keys:
+        assert big[key] == pytest.approx(small[key], abs=1e-5), (key, big, small)
+    # what was logged before: the mean of the per-micro-batch means moves with the split (the test's teeth)
+    engine.train(False)
+    with torch.no_grad():
+        means = [metric_value(objective.loss(engine.model, b)[1][keys[0]]) for b in split(2)]
+    assert abs(float(np.mean(means)) - small[keys[0]]) > 1e-3, (means, small)

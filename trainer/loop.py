@@ -22,6 +22,7 @@ import torch.distributed as dist
 from trainer import checkpoint
 from trainer.config import RunConfig, checkpoint_dir
 from trainer.metrics import MetricsLogger
+from trainer.objectives.base import metric_parts
 from trainer.run_lock import RunLock, RunLockLostError
 from trainer.run_status import EXIT_OK, EXIT_REQUEUE, note_step, write_status
 
@@ -152,8 +153,8 @@ class Trainer:
                 grad_norm = self._grad_norm()
             self.engine.step()  # DeepSpeed applies the update only at the accumulation boundary
             loss_sum += loss.detach().double()
-            for k, v in metrics.items():
-                metric_sums[k] = metric_sums.get(k, 0.0) + torch.as_tensor(v, device=device).detach().double()
+            for k, v in metrics.items():  # [sum, count] pairs (objectives/base.py: metric_parts)
+                metric_sums[k] = metric_sums.get(k, 0.0) + metric_parts(torch.as_tensor(v, device=device))
         keys = sorted(metric_sums)
         # fp16 loss-scale overflow skips are the scaler's routine, not a non-finite step (Engine docstring)
         trouble = self.run_lock.trouble if self.run_lock is not None else None
@@ -166,13 +167,15 @@ class Trainer:
                 flags[i] = value
         # One collective for everything the ranks must agree on (on the device: NCCL reduces only device tensors).
         # note: the .tolist() below is the step's one device-to-host sync point.
-        packed = torch.cat([torch.stack([loss_sum, *(metric_sums[k] for k in keys), tokens]), flags])
+        packed = torch.cat([loss_sum.reshape(1), *(metric_sums[k] for k in keys), tokens.reshape(1), flags])
         if dist.is_initialized() and self.world_size > 1:
             dist.all_reduce(packed)
         values = packed.tolist()
         n = self.grad_accum * self.world_size
         loss = values[0] / n
-        metrics = {k: values[1 + i] / n for i, k in enumerate(keys)}
+        # each metric pooled over every micro-batch and rank: its summed numerator over its summed count
+        parts = {k: (values[1 + 2 * i], values[2 + 2 * i]) for i, k in enumerate(keys)}
+        metrics = {k: s / c for k, (s, c) in parts.items() if c > 0}
         skipped = values[-2] > 0 or not math.isfinite(loss)
         return StepResult(loss=loss, metrics=metrics, tokens=int(values[-4]), nonfinite=bool(skipped),
                           preempt=values[-1] > 0, seconds=time.perf_counter() - start, lost_folder=values[-3] == 1,
@@ -190,8 +193,11 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean of every metric over the held-out micro-batches that report it, over all ranks. Batches may differ in
-        what they report (ERNIE's DLM batches, one ERNIE 2.0 task per batch), so each key is averaged over its own
+        """Every metric over the held-out micro-batches that report it, over all ranks: a ``pooled`` metric (losses and
+        accuracies over masked tokens, sentence labels, ...) as its summed numerator over its summed count, so the same
+        set scores the same at any micro-batch size and world size; ``loss`` (the objective's weighted sum of its
+        terms' per-micro-batch means) and any plain 0-dim metric as the mean over micro-batches. Batches may differ in
+        what they report (ERNIE's DLM batches, one ERNIE 2.0 task per batch), so each key is pooled over its own
         batches, never diluted by batches without it.
 
         The training RNG streams are left as they were (``fork_rng``): an objective that samples at evaluation
@@ -206,14 +212,15 @@ class Trainer:
     def _evaluate(self) -> dict[str, float]:
         self.engine.train(False)
         sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
+        counts: dict[str, float] = {}
         for i, batch in enumerate(self.comps.eval_batches()):
             if i >= self.cfg.train.eval_batches * self.grad_accum:  # eval_batches steps' worth (pretrain.py)
                 break
             loss, metrics = self.engine(self.comps.loss, _to_device(batch, self.engine.device))
             for k, v in {"loss": loss, **metrics}.items():
-                sums[k] = sums.get(k, 0.0) + float(torch.as_tensor(v).double())
-                counts[k] = counts.get(k, 0) + 1
+                s, c = metric_parts(v).tolist()
+                sums[k] = sums.get(k, 0.0) + s
+                counts[k] = counts.get(k, 0.0) + c
         self.engine.train(True)
         keys = sorted(sums)
         if dist.is_initialized() and self.world_size > 1:  # ranks may have seen different keys: agree on the union

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from trainer.models import MLM, RTD, ElectraPretrainingModel, HeadSpec, ModelConfig
 from trainer.models.heads import build_head
 
-from .base import Objective, binary_metrics, masked_positions, mlm_loss, packing
+from .base import Objective, binary_metrics, masked_positions, mlm_loss, packing, pooled, prediction_count
 from .options import ElectraOptions
 
 
@@ -87,8 +87,9 @@ class ElectraObjective(Objective):
         corrupted[positions] = torch.where(valid, sampled, original[positions])
         replaced = (corrupted != original).reshape(B, T)  # a sample equal to the original is "original"
         corrupted, original = corrupted.reshape(B, T), original.reshape(B, T)
-        metrics = {"gen_mlm_loss": gen_loss.detach(), "gen_mlm_acc": gen_acc,
-                   "replaced_frac": replaced.float().sum().detach() / mask.sum().clamp(min=1)}
+        n = prediction_count(labels)
+        metrics = {"gen_mlm_loss": pooled(gen_loss, n), "gen_mlm_acc": pooled(gen_acc, n),
+                   "replaced_frac": torch.stack([replaced.float().sum(), mask.float().sum()]).detach()}
 
         if o.variant in ("electra", "electra-15"):
             disc_logits = model(corrupted, attention_mask=mask, token_type_ids=types, part="discriminator",
@@ -99,13 +100,14 @@ class ElectraObjective(Objective):
                           * weight)
             per_token = F.binary_cross_entropy_with_logits(disc_logits.float(), replaced.float(), reduction="none")
             rtd_loss = (per_token * weight).sum() / weight.sum().clamp(min=1)
-            metrics.update(rtd_loss=rtd_loss.detach(), **binary_metrics(disc_logits, replaced, weight, "rtd"))
+            metrics.update(rtd_loss=pooled(rtd_loss, weight.sum()), **binary_metrics(disc_logits, replaced, weight, "rtd"))
             return gen_loss + o.rtd_weight * rtd_loss, metrics
 
         if o.variant == "replace-mlm":
             out = model(corrupted, attention_mask=mask, token_type_ids=types, positions=positions,
                         part="discriminator_heads", **packed)
             main_loss, main_acc = mlm_loss(out[MLM], labels)
+            main_n = n
         else:  # all-tokens-mlm with the copy mechanism
             # Every position is scored and padding weighted 0 (a nonzero() of the real ones would be a device sync).
             every = torch.arange(B * T, device=ids.device)
@@ -119,8 +121,9 @@ class ElectraObjective(Objective):
             # log(D * same + (1 - D) * p_mlm), in log space for stability
             log_copy = F.logsigmoid(copy_logit) + torch.log(same.clamp(min=1e-30))
             log_gen = F.logsigmoid(-copy_logit) + log_p_mlm
-            count = real.sum().clamp(min=1)
+            main_n = real.sum()
+            count = main_n.clamp(min=1)
             main_loss = -(torch.logaddexp(log_copy, log_gen) * real).sum() / count
             main_acc = ((out[MLM].argmax(-1) == target).float() * real).sum().detach() / count
-        metrics.update(mlm_loss=main_loss.detach(), mlm_acc=main_acc)
+        metrics.update(mlm_loss=pooled(main_loss, main_n), mlm_acc=pooled(main_acc, main_n))
         return gen_loss + main_loss, metrics

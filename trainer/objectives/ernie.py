@@ -17,7 +17,7 @@ from trainer.ernie.components import ernie_components
 from trainer.ernie.config import ErnieOptions
 from trainer.models import MLM, HeadSpec, ModelConfig
 
-from .base import Objective, masked_positions, mlm_loss, packing
+from .base import Objective, masked_positions, mlm_loss, packing, pooled, prediction_count
 
 DLM = "dlm"
 ROLE = "role"
@@ -25,7 +25,7 @@ ROLE = "role"
 
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy ignoring -100 and accuracy over labelled entries; logits [..., C], labels [...]. Both are 0 when
-    nothing is labelled. No host sync: the count of labelled entries stays on the device (a Python test on it would
+    nothing is labelled (pool them by ``prediction_count(labels)``). No host sync: the count of labelled entries stays on the device (a Python test on it would
     wait for the GPU once per task and micro-batch)."""
     logits = logits.reshape(-1, logits.shape[-1]).float()
     labels = labels.reshape(-1)
@@ -74,11 +74,13 @@ class ErnieObjective(ErnieSamplesObjective):
         else:
             out = model(ids, batch["attention_mask"], batch.get("token_type_ids"), None, positions, **packing(batch))
         loss, acc = mlm_loss(out[MLM], labels)
-        metrics = {"mlm_loss": loss.detach(), "mlm_acc": acc}
+        n = prediction_count(labels)
+        metrics = {"mlm_loss": pooled(loss, n), "mlm_acc": pooled(acc, n)}
         if is_dlm:
             dlm_loss, dlm_acc = classification_loss(out[DLM], batch["dlm_label"])
+            dlm_n = prediction_count(batch["dlm_label"])
             loss = loss + dlm_loss
             # DLM steps log their masked-LM part under its own name: it is measured on dialogue text, not corpus text
-            metrics = {"dlm_loss": dlm_loss.detach(), "dlm_acc": dlm_acc, "dlm_mlm_loss": metrics["mlm_loss"],
-                       "dlm_mlm_acc": acc}
+            metrics = {"dlm_loss": pooled(dlm_loss, dlm_n), "dlm_acc": pooled(dlm_acc, dlm_n),
+                       "dlm_mlm_loss": metrics["mlm_loss"], "dlm_mlm_acc": metrics["mlm_acc"]}
         return loss, metrics

@@ -16,7 +16,7 @@ from trainer.ernie import tasks as T
 from trainer.ernie.config import Ernie2Options
 from trainer.models import MLM, HeadSpec, ModelConfig
 
-from .base import masked_positions, mlm_loss, packing
+from .base import masked_positions, mlm_loss, packing, pooled, prediction_count
 from .ernie import ErnieSamplesObjective, classification_loss
 
 TOKEN_LABELS = {"capitalization": "capitalization_labels", "token_document": "token_document_labels"}
@@ -63,18 +63,19 @@ class Ernie2Objective(ErnieSamplesObjective):
         total = None
         metrics: dict[str, torch.Tensor] = {}
 
-        def add(name, loss, acc):
+        def add(name, labels, loss, acc):
             nonlocal total
             weighted = loss * self.tasks[name].loss_weight
             total = weighted if total is None else total + weighted
-            metrics[f"{name}_loss"] = loss.detach()
-            metrics[f"{name}_acc"] = acc
+            n = prediction_count(labels)
+            metrics[f"{name}_loss"] = pooled(loss, n)
+            metrics[f"{name}_acc"] = pooled(acc, n)
 
         if has_mlm:
-            add("mlm", *mlm_loss(out[MLM], labels))
+            add("mlm", labels, *mlm_loss(out[MLM], labels))
         for name, key in {**TOKEN_LABELS, **SENTENCE_LABELS}.items():
             if key in batch:
-                add(name, *classification_loss(out[name], batch[key]))
+                add(name, batch[key], *classification_loss(out[name], batch[key]))
         if total is None:
             raise ValueError(f"batch has no labels of the objective's tasks {sorted(self.tasks)}: keys {sorted(batch)}")
         # Heads of tasks this step does not train still get a (zero) gradient, so every parameter takes part in

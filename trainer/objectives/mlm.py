@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from trainer.models import MLM, HeadSpec, ModelConfig
 
-from .base import Objective, masked_positions, mlm_loss
+from .base import Objective, masked_positions, mlm_loss, pooled, prediction_count
 
 
 class MlmObjective(Objective):
@@ -16,4 +16,5 @@ class MlmObjective(Objective):
         positions, labels = masked_positions(batch)
         out = self.forward_heads(model, batch, positions)
         loss, acc = mlm_loss(out[MLM], labels)
-        return loss, {"mlm_loss": loss.detach(), "mlm_acc": acc}
+        n = prediction_count(labels)
+        return loss, {"mlm_loss": pooled(loss, n), "mlm_acc": pooled(acc, n)}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from trainer.models import MLM, NSP, HeadSpec, ModelConfig
 
-from .base import Objective, masked_positions, mlm_loss, sentence_loss
+from .base import Objective, masked_positions, mlm_loss, pooled, prediction_count, sentence_loss
 from .options import SentenceTaskOptions
 
 
@@ -21,5 +21,6 @@ class MlmNspObjective(Objective):
         m_loss, m_acc = mlm_loss(out[MLM], labels)
         s_loss, s_acc = sentence_loss(out[self.head], batch["sentence_label"])
         loss = m_loss + self.options.sentence_weight * s_loss
-        return loss, {"mlm_loss": m_loss.detach(), "mlm_acc": m_acc, f"{self.head}_loss": s_loss.detach(),
-                      f"{self.head}_acc": s_acc}
+        n, rows = prediction_count(labels), batch["sentence_label"].numel()
+        return loss, {"mlm_loss": pooled(m_loss, n), "mlm_acc": pooled(m_acc, n),
+                      f"{self.head}_loss": pooled(s_loss, rows), f"{self.head}_acc": pooled(s_acc, rows)}
