@@ -14,7 +14,9 @@ are only ever needed relative to a sentence of the same shard (``offsets``).
 
 Memory: nothing per sentence is private, and nothing per sentence is copied: ``doc_starts`` (8 bytes per document)
 is a view of one cache file (trainer/data/cache_file.py) written once, shard by shard, and the ``.idx``/``.bin`` maps
-are opened lazily by the process that reads them; every rank and worker of a node shares one page-cache copy.
+are opened lazily by the process that reads them; every rank and worker of a node shares one page-cache copy. A
+process keeps at most ``open_maps.max_open_shards`` shards mapped (least recently used dropped first), so a corpus of
+thousands of shards stays inside the open-file limit and ``vm.max_map_count`` (trainer/data/open_maps.py).
 Pickling (DataLoader workers under ``spawn``/``forkserver``) sends the paths, and the worker maps the files again.
 
 File-system metadata at start: the builder (global rank 0) checks every shard against the manifest (two ``stat``
@@ -40,6 +42,7 @@ import numpy as np
 from data_prep.manifest import manifest_path, read_manifest
 
 from .cache_file import CacheInvalid, CachePolicy, CacheWriter, code_hash, ensure, launcher_rank, settings_hash
+from .open_maps import OpenShards
 
 CORPUS_CACHE_VERSION = 4
 """Bump when the corpus arrays change on purpose; the key also holds ``code_hash(LAYOUT_SOURCES)``."""
@@ -170,6 +173,7 @@ class IndexedCorpus:
             self._shard_docs.append(int(spec["documents"]))
             first += int(spec["sentences"])
         self._shard_starts = np.array([s.first_sentence for s in self._shards] + [first], dtype=np.int64)
+        self._open = OpenShards(2, self._close_shard)  # .idx and .bin
         self.vocab_size = int((self.manifest.get("tokenizer") or {}).get("vocab_size", 0)) or None
         if self.cache.builder:
             # the builder (global rank 0) checks every shard's files against the manifest at every open: a .bin cut
@@ -252,9 +256,15 @@ class IndexedCorpus:
     def _idx(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(lengths, pointers) of shard ``k``, mapped on first use."""
         shard = self._shards[k]
+        self._open.touch(k)
         if shard.lengths is None:
             shard.lengths, shard.pointers, _ = idx_arrays(shard.prefix)
         return shard.lengths, shard.pointers
+
+    def _close_shard(self, k: int) -> None:
+        """Drop shard ``k``'s maps (``OpenShards`` evicted it); its next read maps it again."""
+        shard = self._shards[k]
+        shard.tokens = shard.lengths = shard.pointers = None
 
     def sentence_lengths(self, start: int = 0, end: int | None = None) -> np.ndarray:
         """Lengths (int64) of sentences ``[start, end)``, which may span shards (a private array: for ranges, not the
@@ -328,11 +338,13 @@ class IndexedCorpus:
         state = dict(self.__dict__)
         state["_shards"] = [_Shard(s.prefix, s.first_sentence, s.dtype) for s in self._shards]
         del state["doc_starts"]
+        del state["_open"]
         state["cache"] = CachePolicy(self.cache.dir, builder=False, timeout=0.0)  # the file exists by now
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self._open = OpenShards(2, self._close_shard)  # this process's own limit
         self._open_arrays()
 
 

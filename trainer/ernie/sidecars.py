@@ -26,6 +26,7 @@ import numpy as np
 from data_prep.manifest import manifest_path
 from data_prep.sidecar import SidecarReader, header_record
 from trainer.data.cache_file import CacheWriter, ensure, settings_hash
+from trainer.data.open_maps import OpenShards
 
 SIDECAR_CACHE_VERSION = 2  # 2: keyed by header_record (the manifest's record of each side-car)
 
@@ -91,7 +92,7 @@ def verified_sidecars(corpus) -> dict:
 
 class CorpusSpans:
     """The side-car spans of every shard of an ``IndexedCorpus``, by global sentence index. A shard's side-car is
-    opened (its three files mapped) on the first read that reaches it, in each process: a rank or loader worker
+    opened (its two arrays mapped) on the first read that reaches it, in each process: a rank or loader worker
     whose samples come from a few of 1,000 shards opens those few, not 3,000 files at start-up. Shard sizes come
     from the manifest (the verified entry checked them against the side-cars)."""
 
@@ -104,6 +105,7 @@ class CorpusSpans:
         # rewritten after that is refused on its first open instead of masking with spans nobody checked
         self._records = [spec.get("sidecar") for spec in corpus.manifest["shards"]]
         self._readers: list[SidecarReader | None] = [None] * len(self._shards)
+        self._open = OpenShards(2, self._close_reader)  # .spans.npy and the row pointers (trainer/data/open_maps.py)
         self.starts = np.concatenate([[0], np.cumsum([n for _, n in self._shards], dtype=np.int64)]).astype(np.int64)
 
     def __getstate__(self):
@@ -113,9 +115,15 @@ class CorpusSpans:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._readers = [None] * len(self._shards)
+        self._open = OpenShards(2, self._close_reader)
+
+    def _close_reader(self, k: int) -> None:
+        self._readers[k] = None
 
     def reader(self, k: int) -> SidecarReader:
-        """Shard ``k``'s side-car, opened on first use (``verify=False``: the cache entry checked it)."""
+        """Shard ``k``'s side-car, opened on first use (``verify=False``: the cache entry checked it); at most
+        ``max_open_shards`` stay open, the least recently used closed first."""
+        self._open.touch(k)
         if self._readers[k] is None:
             prefix, sentences = self._shards[k]
             reader = SidecarReader(self.root / prefix, expect_sequences=sentences, verify=False)
