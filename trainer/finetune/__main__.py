@@ -48,17 +48,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def task_spec(cfg):
     from trainer.finetune.kinds import task_kind
-    from trainer.finetune.tasks import TaskSpec, glue_task, with_metrics
+    from trainer.finetune.tasks import TaskSpec, check_ranking, glue_task, with_metrics
     t = cfg.task
     kind = task_kind(t)  # jsonl, ner, squad, race, swag (trainer/finetune/kinds.py)
     if kind is not None:
         return kind
     if t.name != "tsv":  # GLUE's columns and labels; task.skip_malformed and task.metrics still apply
-        spec = dataclasses.replace(glue_task(t.name), skip_malformed=t.skip_malformed)
+        spec = dataclasses.replace(glue_task(t.name), skip_malformed=t.skip_malformed, test=dict(t.test_files))
         return with_metrics(spec, t.metrics) if t.metrics is not None else spec
-    return TaskSpec("tsv", t.train_file, dict(t.dev_files), t.text_a, t.text_b, t.label,
-                    tuple(t.labels) if t.labels else None, tuple(t.metrics or ("accuracy",)), t.header,
-                    t.skip_malformed)
+    return check_ranking(TaskSpec("tsv", t.train_file, dict(t.dev_files), t.text_a, t.text_b, t.label,
+                                  tuple(t.labels) if t.labels else None, tuple(t.metrics or ("accuracy",)), t.header,
+                                  t.skip_malformed, t.group, dict(t.test_files)))
 
 
 def sweep_configs(args, world: int) -> list[tuple[str, object]]:
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
 
 def train_and_report(args, configs, spec, splits, source, tokenizer) -> int:
     from trainer import engine as ds
-    from trainer.finetune.run import encode_split, resolved_precision, run_one
+    from trainer.finetune.run import as_kind, encode_split, resolved_precision, run_one
     from trainer.finetune.sweep import format_table, summarize, write_json
     from trainer.log import print0
 
@@ -137,7 +137,8 @@ def train_and_report(args, configs, spec, splits, source, tokenizer) -> int:
     max_len = min(cfg0.train.max_seq_length or getattr(spec, "max_seq_length", 128),
                   source.cfg.max_position_embeddings - source.cfg.position_offset)
     data = {name: encode_split(spec, tokenizer, split, max_len, family, types) for name, split in splits.items()}
-    devs = {name: d for name, d in data.items() if name != "train"}
+    unlabelled = set(getattr(as_kind(spec), "unlabelled", ()))  # task.test_files: predicted, never scored
+    devs = {name: d for name, d in data.items() if name != "train" and name not in unlabelled}
     init = "random init (train.from_scratch)" if cfg0.train.from_scratch else f"{source.kind} {args.checkpoint}"
     print0(f"fine-tuning {spec.name} from {init}: {family}, {len(data['train'].ids)} training examples, "
            f"{world} rank(s), {resolved_precision(cfg0, device)}")

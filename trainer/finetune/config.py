@@ -45,11 +45,21 @@ class TaskSection(_Section):
     def _labels_as_text(cls, value):
         return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value] \
             if isinstance(value, list) else value
-    metrics: list[Literal["accuracy", "f1", "f1_macro", "f1_micro", "matthews", "pearson", "spearman"]] | None = None
+    metrics: list[Literal["accuracy", "f1", "f1_macro", "f1_micro", "matthews", "pearson", "spearman", "mrr",
+                          "mrr_answerable"]] | None = None
     """tsv, jsonl, GLUE: metrics to report; the first is the main score, which selects the best setting. None = the
     task's own (GLUE's, e.g. f1 then accuracy for MRPC/QQP; accuracy for tsv/jsonl); RoBERTa and ELECTRA select
     MRPC/QQP by accuracy: [accuracy, f1]. ``f1`` is binary (F1 of the second label, as GLUE's MRPC/QQP): with more
-    than 2 labels use ``f1_macro`` or ``f1_micro``."""
+    than 2 labels use ``f1_macro`` or ``f1_micro``. ``mrr`` / ``mrr_answerable`` rank the pairs of each question
+    (``task.group``) by the second label's score (ERNIE's NLPCC-DBQA: ``[mrr, f1]``; trainer/finetune/ranking.py)."""
+    group: str | int | None = None
+    """tsv, jsonl: the column (field) of the question id that ``mrr`` groups the pairs by (ERNIE's DBQA: qid)."""
+    test_files: dict[str, str] = Field(default_factory=dict)
+    """tsv, jsonl, GLUE: unlabelled splits (name -> file in the data folder) that every run predicts and that are
+    never scored; their predictions are written as GLUE submission files (``train.predictions``). GLUE tasks read
+    them in GLUE's test layout (``{test: test.tsv}``; MNLI ``{test_matched: test_matched.tsv, test_mismatched:
+    test_mismatched.tsv}``); tsv/jsonl with the task's text columns, no label. Costs a forward pass per example per
+    run (QQP's test split is 390k pairs: ~10x its dev split)."""
     header: bool = True
     """tsv only: the files start with a header line."""
     skip_malformed: bool = False
@@ -78,6 +88,14 @@ class TaskSection(_Section):
         if "f1" in (self.metrics or ()) and self.labels is not None and len(self.labels) > 2:
             raise ValueError(f"task.metrics: f1 is the binary F1 of label {self.labels[1]!r}, but task.labels has "
                              f"{len(self.labels)} classes; use f1_macro (unweighted mean over classes) or f1_micro")
+        ranking = [m for m in self.metrics or () if m in ("mrr", "mrr_answerable")]
+        if ranking and self.group is None:
+            raise ValueError(f"task.metrics: {ranking[0]} ranks the pairs of each question: set task.group (the "
+                             "question id column; tsv and jsonl tasks)")
+        clash = sorted({"train", *self.dev_files} & set(self.test_files))
+        if clash:
+            raise ValueError(f"task.test_files: {clash} name(s) a training or dev split; name test splits apart "
+                             "(e.g. test, test_matched)")
         return self
 
 
@@ -100,6 +118,10 @@ class FinetuneTrain(_Section):
     """Hidden and attention dropout while fine-tuning; None = the checkpoint's (ALBERT v2 pretrains without any)."""
     classifier_dropout: float = Field(default=0.1, ge=0, lt=1)
     """Dropout before the classifier (BERT, ALBERT and ELECTRA use 0.1)."""
+    predictions: Literal["best", "all", "none"] = "best"
+    """Prediction files (trainer/finetune/predictions.py) for every dev and test split: ``best`` = of the best
+    setting's best seed on the selection split (the run BERT submits), under ``RUN_DIR/finetune/<task>/predictions/``;
+    ``all`` = of every run, under ``predictions/<run #>_seed<seed>/``; ``none``."""
     export_dir: str | None = None
     """Write each run's fine-tuned model here (``<setting #>_seed<seed>/``) as a Hugging Face folder that
     ``transformers`` loads (trainer/finetune/heads.py); None = no export."""

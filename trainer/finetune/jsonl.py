@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainer.finetune.tasks import Example, Split, TaskDataError, TaskSpec, read_lines
+from trainer.finetune.tasks import INDEX_COLUMNS, Example, Split, TaskDataError, TaskSpec, check_ranking, read_lines
 
 
 def read_jsonl_split(spec: TaskSpec, path: Path) -> Split:
@@ -30,7 +30,8 @@ def read_jsonl_split(spec: TaskSpec, path: Path) -> Split:
             record = json.loads(line)
             if not isinstance(record, dict):
                 raise ValueError(f"a JSON {type(record).__name__}, not an object")
-            missing = [f for f in (spec.text_a, spec.text_b, spec.label) if f is not None and f not in record]
+            missing = [f for f in (spec.text_a, spec.text_b, spec.label, spec.group) if f is not None
+                       and f not in record]
             if missing:
                 raise ValueError(f"no field {missing[0]!r} (fields: {sorted(record)}; set task.text_a / text_b / "
                                  "label to the names your files use)")
@@ -44,6 +45,11 @@ def read_jsonl_split(spec: TaskSpec, path: Path) -> Split:
                 continue
             raise TaskDataError(f"{path}:{number}: {err} (fix the line, or set task.skip_malformed: true to skip "
                                 "and count such lines)") from None
+        group = str(record[spec.group]) if spec.group is not None else None
+        index = next((str(record[n]) for n in INDEX_COLUMNS if n in record), None)
+        if spec.label is None:  # an unlabelled (test) split
+            split.examples.append(Example(text_a, text_b, None, group, index))
+            continue
         raw = record[spec.label]
         raw = str(raw).strip() if not isinstance(raw, float) or not raw.is_integer() else str(int(raw))
         if spec.labels is None:
@@ -56,7 +62,7 @@ def read_jsonl_split(spec: TaskSpec, path: Path) -> Split:
             if raw not in label_index:
                 raise TaskDataError(f"{path}:{number}: label {raw!r} is not in task.labels {list(spec.labels)}")
             label = label_index[raw]
-        split.examples.append(Example(text_a, text_b, label))
+        split.examples.append(Example(text_a, text_b, label, group, index))
     if not split.examples:
         raise TaskDataError(f"{path}: no examples (an empty split cannot train or evaluate)")
     return split
@@ -66,5 +72,6 @@ def jsonl_spec(t) -> TaskSpec:
     """The TaskSpec of a ``jsonl`` task section: tsv's fields, with CLUE's file names where tsv's defaults stand."""
     train = "train.json" if t.train_file == "train.tsv" else t.train_file
     dev = {"dev": "dev.json"} if dict(t.dev_files) == {"dev": "dev.tsv"} else dict(t.dev_files)
-    return TaskSpec("jsonl", train, dev, t.text_a, t.text_b, t.label, tuple(t.labels) if t.labels else None,
-                    tuple(t.metrics or ("accuracy",)), False, t.skip_malformed)
+    return check_ranking(TaskSpec("jsonl", train, dev, t.text_a, t.text_b, t.label, tuple(t.labels) if t.labels
+                                  else None, tuple(t.metrics or ("accuracy",)), False, t.skip_malformed, t.group,
+                                  dict(t.test_files)))

@@ -3,7 +3,8 @@
 Spearman correlation (STS-B), accuracy (the rest). For more than two classes, ``f1_macro`` (the unweighted mean of
 the F1 of each class found in the gold labels or the predictions, scikit-learn's ``average="macro"``) and
 ``f1_micro`` (which equals accuracy for single-label data); the binary ``f1`` is refused there at config time.
-Scores are fractions in [0, 1] (correlations in [-1, 1]); the summary table prints them x100 as the papers do.
+Ranking (``mrr``, ``mrr_answerable``, trainer/finetune/ranking.py) needs each example's positive-class score and its
+question id (``task.group``). Scores are fractions in [0, 1] (correlations in [-1, 1]); the summary table prints them x100 as the papers do.
 """
 from __future__ import annotations
 
@@ -50,8 +51,23 @@ METRICS: dict[str, Callable[[Sequence, Sequence], float]] = {
 }
 
 
-def compute(names: Sequence[str], predictions: Sequence, labels: Sequence) -> dict[str, float]:
-    """{name: score} for predicted class ids (or regression values) against the gold labels."""
+RANKING = ("mrr", "mrr_answerable")
+"""Metrics of (positive-class score, gold label, question id) triples: trainer/finetune/ranking.py."""
+
+
+def compute(names: Sequence[str], predictions: Sequence, labels: Sequence, scores: Sequence[float] | None = None,
+            groups: Sequence | None = None) -> dict[str, float]:
+    """{name: score} for predicted class ids (or regression values) against the gold labels; the ranking metrics
+    also take each example's positive-class ``scores`` and question id (``groups``)."""
     if len(predictions) != len(labels):
         raise ValueError(f"{len(predictions)} predictions for {len(labels)} labels")
-    return {name: METRICS[name](list(predictions), list(labels)) for name in names}
+    out = {}
+    for name in names:
+        if name in RANKING:
+            from trainer.finetune import ranking
+            if scores is None or groups is None:
+                raise ValueError(f"{name} needs each example's positive-class score and question id (task.group)")
+            out[name] = getattr(ranking, name)(list(scores), list(labels), list(groups))
+        else:
+            out[name] = METRICS[name](list(predictions), list(labels))
+    return out

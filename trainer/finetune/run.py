@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -26,6 +26,11 @@ class Encoded:
     ids: list[list[int]]
     types: list[list[int]]
     labels: list
+    """Class ids (regression: values); None each on an unlabelled split."""
+    groups: list = field(default_factory=list)
+    """Question id per example (``task.group``; None without one)."""
+    index: list = field(default_factory=list)
+    """What a prediction file names each example by: its ``index``/``id`` column, else its 0-based position."""
 
 
 def encode(tokenizer, examples: list[Example], max_len: int, family: str, type_vocab_size: int) -> Encoded:
@@ -55,6 +60,8 @@ def encode(tokenizer, examples: list[Example], max_len: int, family: str, type_v
         out.ids.append(ids)
         out.types.append(types)
         out.labels.append(e.label)
+        out.groups.append(e.group)
+        out.index.append(e.index if e.index is not None else str(len(out.index)))
     return out
 
 
@@ -68,8 +75,10 @@ def collate(data: Encoded, idx, pad_id: int, regression: bool) -> dict[str, torc
         ids[row, :n] = torch.tensor(data.ids[i])
         types[row, :n] = torch.tensor(data.types[i])
         mask[row, :n] = 1
-    labels = torch.tensor([data.labels[i] for i in idx], dtype=torch.float32 if regression else torch.long)
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "labels": labels}
+    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    if data.labels[idx[0]] is not None:  # an unlabelled split is only predicted
+        batch["labels"] = torch.tensor([data.labels[i] for i in idx], dtype=torch.float32 if regression else torch.long)
+    return batch
 
 
 def task_loss(model, batch: dict) -> torch.Tensor:
@@ -88,6 +97,7 @@ class ClassificationKind(TaskKind):
         self.spec, self.reader = spec, reader
         self.name, self.metrics, self.num_labels = spec.name, spec.metrics, spec.num_labels
         self.labels = list(spec.labels) if spec.labels else None  # the export's id2label (None: regression)
+        self.unlabelled = tuple(spec.test)  # task.test_files: predicted and written, never scored
 
     def read(self, data_dir):
         from trainer.finetune.tasks import read_task
@@ -108,11 +118,18 @@ class ClassificationKind(TaskKind):
         return task_loss(model, batch)
 
     def outputs(self, model, batch):
+        """Regression: the value; classification: (class id, log-probability of the second class: what ``mrr``
+        ranks by; float64 so that near-certain answers do not tie at 0)."""
         logits = run_model(model, batch).float()
-        return logits.squeeze(-1).tolist() if self.spec.is_regression else logits.argmax(-1).tolist()
+        if self.spec.is_regression:
+            return logits.squeeze(-1).tolist()
+        positive = logits.double().log_softmax(-1)[:, min(1, logits.shape[-1] - 1)]
+        return list(zip(logits.argmax(-1).tolist(), positive.tolist()))
 
     def score(self, outputs, data):
-        return compute(self.spec.metrics, outputs, data.labels)
+        if self.spec.is_regression:
+            return compute(self.spec.metrics, outputs, data.labels)
+        return compute(self.spec.metrics, [o[0] for o in outputs], data.labels, [o[1] for o in outputs], data.groups)
 
 
 def as_kind(spec) -> TaskKind:

@@ -47,7 +47,8 @@ class TaskSpec:
     text_a: str | int
     """Column of the first text: a header name, or a 0-based index (files without a header, or duplicated names)."""
     text_b: str | int | None
-    label: str | int
+    label: str | int | None
+    """None: the split has no label (test files)."""
     labels: tuple[str, ...] | None
     """Every class, in the order of the classifier's outputs; None = regression (one output, MSE loss)."""
     metrics: tuple[str, ...]
@@ -56,6 +57,10 @@ class TaskSpec:
     skip_malformed: bool = False
     """Skip (and count) lines with too few columns instead of stopping (``task.skip_malformed``; GLUE's tasks
     too: older QQP downloads hold questions cut by a newline)."""
+    group: str | int | None = None
+    """Column of the question id the ranking metrics (mrr) group by; None: no such column."""
+    test: dict[str, str] = field(default_factory=dict)
+    """Unlabelled splits: name -> file. Predicted (and written) by every run, never scored."""
 
     @property
     def num_labels(self) -> int:
@@ -85,6 +90,14 @@ GLUE: dict[str, TaskSpec] = {
     "wnli": TaskSpec("wnli", "train.tsv", {"dev": "dev.tsv"}, "sentence1", "sentence2", "label", ("0", "1"),
                      ("accuracy",)),
 }
+GLUE_TEST: dict[str, tuple[str, str | None]] = {
+    "cola": ("sentence", None), "sst-2": ("sentence", None), "mrpc": ("#1 String", "#2 String"),
+    "sts-b": ("sentence1", "sentence2"), "qqp": ("question1", "question2"), "mnli": ("sentence1", "sentence2"),
+    "qnli": ("question", "sentence"), "rte": ("sentence1", "sentence2"), "wnli": ("sentence1", "sentence2"),
+}
+"""The text columns of GLUE's test files (a header line each, CoLA's too, then ``index`` or QQP's ``id``; no label)."""
+INDEX_COLUMNS = ("index", "id", "idx")
+"""Header names (tsv) or fields (jsonl) whose value names a line in a prediction file; else its 0-based position."""
 ALIASES = {"sst2": "sst-2", "stsb": "sts-b", "sts": "sts-b", "mnli-m": "mnli", "mnli-mm": "mnli"}
 TASK_NAMES = tuple(GLUE) + ("tsv", "jsonl", "ner", "squad", "race", "swag")
 
@@ -108,17 +121,44 @@ def with_metrics(spec: TaskSpec, metrics) -> TaskSpec:
     if bad:
         raise ConfigError(f"task.metrics: {bad} do not apply to {spec.name} ({kind}); GLUE reports "
                           f"{list(spec.metrics)}")
+    if any(m in ("mrr", "mrr_answerable") for m in metrics):
+        raise ConfigError(f"task.metrics: mrr ranks the answers of each question; {spec.name} has no question ids "
+                          "(a tsv or jsonl task with task.group has)")
     if "f1" in metrics and spec.num_labels > 2:
         raise ConfigError(f"task.metrics: f1 is binary and {spec.name} has {spec.num_labels} classes; use f1_macro "
                           "or f1_micro")
     return replace(spec, metrics=tuple(metrics))
 
 
+def check_ranking(spec: TaskSpec) -> TaskSpec:
+    """A tsv/jsonl spec whose ranking metrics can apply: they need classes (the second is a correct answer)."""
+    from trainer.config import ConfigError
+    if spec.is_regression and any(m in ("mrr", "mrr_answerable") for m in spec.metrics):
+        raise ConfigError("task.metrics: mrr ranks by the score of the second of task.labels; list the labels "
+                          "(e.g. [0, 1])")
+    return spec
+
+
+def test_spec(spec: TaskSpec) -> TaskSpec:
+    """How the unlabelled splits are read: GLUE's test layout for a GLUE task, else the task's own columns; no
+    label."""
+    from dataclasses import replace
+    if spec.name in GLUE_TEST:
+        a, b = GLUE_TEST[spec.name]
+        return replace(spec, text_a=a, text_b=b, label=None, header=True, group=None)
+    return replace(spec, label=None)
+
+
 @dataclass
 class Example:
     text_a: str
     text_b: str | None
-    label: int | float
+    label: int | float | None
+    """None on an unlabelled (test) split."""
+    group: str | None = None
+    """The question id (``task.group``), for the ranking metrics."""
+    index: str | None = None
+    """The line's ``index``/``id`` column, which a GLUE submission file names it by."""
 
 
 @dataclass
@@ -157,8 +197,10 @@ def read_split(spec: TaskSpec, path: Path) -> Split:
                             f"{spec.train} and {', '.join(spec.dev.values())} in the data folder)")
     lines = read_lines(path)
     header = lines[0].split("\t") if spec.header and lines else None
-    cols = {what: _column(c, header, path, what) for what, c in
-            (("text_a", spec.text_a), ("text_b", spec.text_b), ("label", spec.label)) if c is not None}
+    cols = {what: _column(c, header, path, what) for what, c in (("text_a", spec.text_a), ("text_b", spec.text_b),
+                                                                  ("label", spec.label), ("group", spec.group))
+            if c is not None}
+    index_col = next((header.index(n) for n in INDEX_COLUMNS if header and n in header), None)
     need = max(c + 1 if c >= 0 else -c for c in cols.values())
     label_index = {name: i for i, name in enumerate(spec.labels or ())}
     split = Split(path, [])
@@ -178,6 +220,11 @@ def read_split(spec: TaskSpec, path: Path) -> Split:
         if not text_a.strip() or (text_b is not None and not text_b.strip()):
             raise TaskDataError(f"{path}:{number}: empty text in column "
                                 f"{spec.text_a if not text_a.strip() else spec.text_b!r}")
+        group = fields[cols["group"]].strip() if "group" in cols else None
+        index = fields[index_col].strip() if index_col is not None and index_col < len(fields) else None
+        if "label" not in cols:  # an unlabelled (test) split
+            split.examples.append(Example(text_a, text_b, None, group, index))
+            continue
         raw = fields[cols["label"]].strip()
         if spec.labels is None:
             try:
@@ -190,7 +237,7 @@ def read_split(spec: TaskSpec, path: Path) -> Split:
                 raise TaskDataError(f"{path}:{number}: label {raw!r} is not in the task's label set "
                                     f"{list(spec.labels)} (for a tsv task, list every class in task.labels)")
             label = label_index[raw]
-        split.examples.append(Example(text_a, text_b, label))
+        split.examples.append(Example(text_a, text_b, label, group, index))
     if not split.examples:
         raise TaskDataError(f"{path}: no examples (an empty split cannot train or evaluate)")
     return split
@@ -207,7 +254,13 @@ def read_task(spec: TaskSpec, data_dir: str | Path, reader=None) -> dict[str, Sp
     if not data_dir.is_dir():
         raise TaskDataError(f"--data {data_dir}: no such folder (the task's folder, e.g. glue_data/RTE)")
     files = {"train": spec.train, **spec.dev}
-    missing = [name for name in files.values() if not (data_dir / name).is_file()]
+    clash = sorted(set(files) & set(spec.test))
+    if clash:
+        raise TaskDataError(f"task.test_files: {clash} name(s) a training or dev split of {spec.name} "
+                            f"({list(files)}); name test splits apart (e.g. test, test_matched)")
+    missing = [name for name in [*files.values(), *spec.test.values()] if not (data_dir / name).is_file()]
     if missing:
         raise TaskDataError(f"task {spec.name}: {data_dir} lacks {missing} (GLUE layout: {list(files.values())})")
-    return {split: reader(spec, data_dir / name) for split, name in files.items()}
+    unlabelled = test_spec(spec)
+    return {**{split: reader(spec, data_dir / name) for split, name in files.items()},
+            **{split: reader(unlabelled, data_dir / name) for split, name in spec.test.items()}}
