@@ -97,3 +97,19 @@ def test_the_bound_follows_the_limit_and_the_variable_is_checked(monkeypatch):
         monkeypatch.setenv("BERTFAMILY_MAX_OPEN_SHARDS", bad)
         with pytest.raises(ValueError, match="BERTFAMILY_MAX_OPEN_SHARDS.*whole number"):
             max_open_shards(2)
+
+
+def test_the_soft_open_file_limit_is_raised_to_the_hard_one():
+    """trainer.pretrain raises it at start, so the bound above follows the hard limit; checked in a child whose soft
+    limit was lowered to 256 (the hard one unchanged)."""
+    code = ("import resource; from trainer.data.open_maps import raise_open_file_limit as r\n"
+            "s, h = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (256, h))\n"
+            "print(list(r()), list(resource.getrlimit(resource.RLIMIT_NOFILE)), h)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    import resource
+    (before, after), now, hard = json.loads("[" + proc.stdout.strip().replace("] ", "], ") + "]")
+    want = (1 << 20) if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)
+    assert before == 256 and after == want and now == [want, hard]

@@ -216,6 +216,8 @@ def run(args, cfg: RunConfig) -> int:
     from trainer.run_lock import RunLockedError, RunLockLostError, take_run_folder
 
     preempt = PreemptionFlag()  # before the slow start-up, so an early SIGTERM is not lost
+    from trainer.data.open_maps import raise_open_file_limit
+    raise_open_file_limit()  # shards mapped per process follow the soft limit (trainer/data/open_maps.py)
     from trainer.ext_lock import ExtensionLockWaitStopped
     try:
         rank, world_size = engine.init_distributed(cfg.deepspeed.timeout_minutes, lambda: preempt.requested)

@@ -30,6 +30,22 @@ CEILING = 4096
 """No more than this many shards per reader whatever the limit: 4,096 x 2 maps stays far below vm.max_map_count."""
 
 
+def raise_open_file_limit(most: int = 1 << 20) -> tuple[int, int]:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit (at most ``most``); returns (before, after).
+    The soft limit is often 1,024 where the hard one allows far more (the kernel's per-process file table grows as
+    needed), and a training rank maps many shards; loader workers forked later inherit it. A process that may not
+    raise it keeps its limit (the bound below then follows the soft one)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = most if hard == resource.RLIM_INFINITY else min(hard, most)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            return soft, soft
+        return soft, want
+    return soft, soft
+
+
 def max_open_shards(files_per_shard: int) -> int:
     """Shards one reader may keep mapped: ``BERTFAMILY_MAX_OPEN_SHARDS`` if set, else a quarter of the soft
     ``RLIMIT_NOFILE`` divided by the files each shard maps, between 16 and ``CEILING`` (1,024 open files: 128 shards
