@@ -9,7 +9,8 @@ task (or a ``tsv`` task of your own) and report its dev scores the way the paper
 CKPT: a trainer checkpoint (``global_stepN``, or a ``checkpoints/`` folder: its newest complete one), our model folder
 or a Hugging Face folder of the BERT family. Options: ``--config FILE`` (YAML, ``trainer/finetune/config.py``),
 ``--set KEY=VALUE`` (repeatable), ``--sweep KEY=V1,V2,...`` (repeatable: the grid of their combinations), ``--seeds N``
-(runs per setting; the median is reported). Results: ``RUN_DIR/finetune/<task>/results.json`` and a table on stdout.
+(runs per setting; the median is reported). Results: ``RUN_DIR/finetune/<task>/results.json`` and a table on stdout;
+prediction files under ``RUN_DIR/finetune/<task>/predictions/`` (``train.predictions``; trainer/finetune/predictions.py).
 Exit status: 0 done; 1 error while training; 2 invalid config, data, checkpoint or tokenizer (nothing was trained).
 """
 from __future__ import annotations
@@ -126,6 +127,7 @@ def main(argv=None) -> int:
 
 def train_and_report(args, configs, spec, splits, source, tokenizer) -> int:
     from trainer import engine as ds
+    from trainer.finetune.predictions import BestPredictions, publish, staging, write_splits
     from trainer.finetune.run import as_kind, encode_split, resolved_precision, run_one
     from trainer.finetune.sweep import format_table, summarize, write_json
     from trainer.log import print0
@@ -137,17 +139,30 @@ def train_and_report(args, configs, spec, splits, source, tokenizer) -> int:
     max_len = min(cfg0.train.max_seq_length or getattr(spec, "max_seq_length", 128),
                   source.cfg.max_position_embeddings - source.cfg.position_offset)
     data = {name: encode_split(spec, tokenizer, split, max_len, family, types) for name, split in splits.items()}
-    unlabelled = set(getattr(as_kind(spec), "unlabelled", ()))  # task.test_files: predicted, never scored
+    kind = as_kind(spec)
+    unlabelled = set(kind.unlabelled)  # task.test_files: predicted, never scored
     devs = {name: d for name, d in data.items() if name != "train" and name not in unlabelled}
     init = "random init (train.from_scratch)" if cfg0.train.from_scratch else f"{source.kind} {args.checkpoint}"
     print0(f"fine-tuning {spec.name} from {init}: {family}, {len(data['train'].ids)} training examples, "
            f"{world} rank(s), {resolved_precision(cfg0, device)}")
+    run_dir = Path(cfg0.run_dir) if cfg0.run_dir else (source.run_dir or Path("runs/finetune"))
+    task_dir = run_dir / "finetune" / spec.name
+    mode = cfg0.train.predictions  # best / all / none (trainer/finetune/predictions.py)
+    tests = {name: d for name, d in data.items() if name in unlabelled} if mode != "none" else {}
+    staged = None  # rank 0's folder of new prediction files, put in place once results.json is ready
+    best = BestPredictions(kind.metrics[0])
     runs = []
     for setting, cfg in configs:
         for i in range(cfg.train.seeds):
             seed = cfg.seed + i
             result = run_one(cfg, source, spec, data["train"], devs, tokenizer.pad_id, seed, rank, world, device,
-                             len(runs))
+                             len(runs), tests, mode != "none")
+            predictions = result.pop("predictions", None)
+            if predictions is not None and mode == "all" and rank == 0:
+                staged = staged or staging(task_dir)
+                write_splits(kind, predictions, data, staged / f"{len(runs)}_seed{seed}")
+            elif predictions is not None and mode == "best":
+                best.offer(setting, len(runs), seed, result["metrics"], predictions)
             runs.append({"setting": setting, "seed": seed, "lr": cfg.optim.lr, **result})
             scores = "  ".join(f"{sp}/{m}={100 * v:.2f}" for sp, ms in result["metrics"].items() for m, v in ms.items())
             print0(f"  {setting} seed {seed}: {scores}  (loss {result['train_loss_first']:.3f} -> "
@@ -157,9 +172,20 @@ def train_and_report(args, configs, spec, splits, source, tokenizer) -> int:
                    pretraining_step=args.report_step if args.report_step is not None else source.step,
                    from_scratch=cfg0.train.from_scratch, world_size=world,
                    examples={name: len(d.ids) for name, d in data.items()})
-    run_dir = Path(cfg0.run_dir) if cfg0.run_dir else (source.run_dir or Path("runs/finetune"))
-    out = run_dir / "finetune" / spec.name / "results.json"
+    if mode == "best" and (chosen := best.of(summary["best_setting"])) is not None:
+        run_index, seed, predictions = chosen
+        summary["predictions"] = {"folder": "predictions", "setting": summary["best_setting"], "seed": seed,
+                                  "run": run_index, "splits": list(predictions)}
+        if rank == 0:
+            staged = staging(task_dir)
+            write_splits(kind, predictions, data, staged)
+    elif mode == "all":
+        summary["predictions"] = {"folder": "predictions", "runs": [f"{i}_seed{r['seed']}" for i, r in
+                                                                    enumerate(runs)]}
+    out = task_dir / "results.json"
     if rank == 0:
+        if staged is not None:
+            publish(staged, task_dir)  # before results.json: a reader of the record finds its files
         write_json(out, summary)
         print0(format_table(summary))
         print0(f"results: {out}")

@@ -90,6 +90,23 @@ class TaskKind:
     def size(self, data) -> int:
         return len(data.ids)
 
+    unlabelled: tuple[str, ...] = ()
+    """Splits that are predicted (and written), never scored (``task.test_files``)."""
+
+    def predictions(self, outputs: list, data):
+        """What the prediction files are written from, compact (a sweep keeps one run's per setting); None: the
+        kind writes no files."""
+        return None
+
+    def scored(self, outputs: list, data, labelled: bool = True) -> tuple[dict[str, float] | None, object]:
+        """(the split's scores, or None for an unlabelled split; its ``predictions``). A kind whose scores and
+        predictions share work (SQuAD's best spans) does it once here."""
+        return (self.score(outputs, data) if labelled else None), self.predictions(outputs, data)
+
+    def write_predictions(self, predictions, data, folder, split: str) -> list:
+        """Write ``predictions`` of ``split`` into ``folder`` (trainer/finetune/predictions.py); the paths."""
+        return []
+
 
 def choice_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float(), labels)

@@ -14,7 +14,8 @@ than the sequence is cut before the first word that does not fit; its cut words 
 are predicted ``O`` when scoring, so the score stays over every gold entity, and each split's cut sentences, words
 and entities are counted and said (a warning naming the file). Metrics (conlleval.py): entity-level micro ``f1``,
 ``precision``, ``recall``, token ``accuracy``, and ``f1_<TYPE>`` for every entity type of the label set (0 where a
-split has none and none is predicted), so every run of a sweep reports the same keys.
+split has none and none is predicted), so every run of a sweep reports the same keys. Prediction file
+(``predictions.txt``, token / gold / predicted as conlleval reads them): trainer/finetune/predictions.py.
 """
 from __future__ import annotations
 
@@ -118,6 +119,8 @@ class EncodedTags:
     cut_words: int = 0
     cut_entities: int = 0
     """Gold entities (conlleval chunks) with at least one word cut: they count as missed."""
+    words: list[list[str]] = field(default_factory=list)
+    """The sentences' words (the prediction file's first column)."""
 
 
 def word_pieces(tokenizer, words: list[str]) -> list[list[int]]:
@@ -151,6 +154,7 @@ def encode_tags(tokenizer, split: Sentences, label_ids: dict[str, int], max_len:
         out.labels.append(labels)
         out.first.append(first)
         out.gold.append(tags)
+        out.words.append(words)
     return out
 
 
@@ -213,11 +217,17 @@ class NerKind(TaskKind):
         pred = run_model(model, batch).argmax(-1).tolist()
         return [row for row in pred]
 
+    def predictions(self, outputs, data):
+        """Each sentence's predicted tag per word (``O`` for a word cut at the sequence length)."""
+        return [[self.labels[row[p]] if p >= 0 else "O" for p in first] for row, first in zip(outputs, data.first)]
+
     def score(self, outputs, data):
-        predicted = []
-        for row, first in zip(outputs, data.first):
-            predicted.append([self.labels[row[p]] if p >= 0 else "O" for p in first])
-        return evaluate(data.gold, predicted, self.types)
+        return evaluate(data.gold, self.predictions(outputs, data), self.types)
+
+    def write_predictions(self, predictions, data, folder, split):
+        from trainer.finetune.predictions import write_conll
+        words = data.words or [[f"w{i}" for i in range(len(g))] for g in data.gold]
+        return [write_conll(folder / "predictions.txt", words, data.gold, predictions)]
 
     @property
     def types(self) -> list[str]:

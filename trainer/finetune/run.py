@@ -126,6 +126,13 @@ class ClassificationKind(TaskKind):
         positive = logits.double().log_softmax(-1)[:, min(1, logits.shape[-1] - 1)]
         return list(zip(logits.argmax(-1).tolist(), positive.tolist()))
 
+    def predictions(self, outputs, data):
+        return outputs if self.spec.is_regression else [o[0] for o in outputs]
+
+    def write_predictions(self, predictions, data, folder, split):
+        from trainer.finetune.predictions import submission_name, write_glue
+        return [write_glue(folder / submission_name(self.name, split), data.index, predictions, self.labels)]
+
     def score(self, outputs, data):
         if self.spec.is_regression:
             return compute(self.spec.metrics, outputs, data.labels)
@@ -153,10 +160,15 @@ def resolved_precision(cfg, device: str) -> str:
     return "bf16" if device.startswith("cuda") and torch.cuda.is_bf16_supported(including_emulation=False) else "fp32"
 
 
-@torch.no_grad()
 def evaluate(engine, data, kind, batch_size: int, pad_id: int, rank: int, world: int) -> dict[str, float]:
-    """The split's scores: each rank predicts every world-th example, the predictions are gathered in order and
-    every rank scores them (``kind.outputs`` / ``kind.score``, trainer/finetune/kinds.py)."""
+    """The split's scores (``kind.score`` of ``predict``)."""
+    return kind.score(predict(engine, data, kind, batch_size, pad_id, rank, world), data)
+
+
+@torch.no_grad()
+def predict(engine, data, kind, batch_size: int, pad_id: int, rank: int, world: int) -> list:
+    """Every example's output (``kind.outputs``), in order, on every rank: each rank predicts every world-th
+    example and the predictions are gathered."""
     import torch.distributed as dist
     engine.train(False)
     mine = list(range(rank, kind.size(data), world))
@@ -172,7 +184,7 @@ def evaluate(engine, data, kind, batch_size: int, pad_id: int, rank: int, world:
         dist.all_gather_object(gathered, pairs)
         pairs = [p for part in gathered for p in part]
     pairs.sort(key=lambda p: p[0])
-    return kind.score([p for _, p in pairs], data)
+    return [p for _, p in pairs]
 
 
 def encode_split(spec, tokenizer, split, max_len: int, family: str, type_vocab_size: int):
@@ -181,9 +193,11 @@ def encode_split(spec, tokenizer, split, max_len: int, family: str, type_vocab_s
 
 
 def run_one(cfg, source, spec: TaskSpec, train: Encoded, devs: dict[str, Encoded], pad_id: int, seed: int,
-            rank: int, world: int, device: str, run_index: int = 0) -> dict:
+            rank: int, world: int, device: str, run_index: int = 0, tests: dict | None = None,
+            keep_predictions: bool = False) -> dict:
     """Train on ``train`` with ``cfg`` and ``seed``; returns {"metrics": {split: {metric: v}}, "train_loss", ...}.
-    ``spec``: a GLUE/tsv TaskSpec or a registered kind (trainer/finetune/kinds.py)."""
+    ``spec``: a GLUE/tsv TaskSpec or a registered kind (trainer/finetune/kinds.py). ``tests``: unlabelled splits,
+    only predicted. With ``keep_predictions``, "predictions": {split: kind.predictions} for devs and tests."""
     from trainer import engine as ds
     from trainer.checkpoint import seed_everything
     from trainer.finetune.config import batch_split
@@ -228,8 +242,12 @@ def run_one(cfg, source, spec: TaskSpec, train: Encoded, devs: dict[str, Encoded
         dist.all_reduce(per_step)
         per_step = per_step.cpu() / world
     losses = per_step.tolist()
-    scores = {split: evaluate(engine, data, kind, cfg.train.eval_batch_size, pad_id, rank, world)
-              for split, data in devs.items()}
+    scores, predictions = {}, {}
+    for split, data in {**devs, **(tests or {})}.items():
+        outputs = predict(engine, data, kind, cfg.train.eval_batch_size, pad_id, rank, world)
+        result, predictions[split] = kind.scored(outputs, data, split in devs)
+        if split in devs:
+            scores[split] = result
     if cfg.train.export_dir and rank == 0:
         from pathlib import Path
 
@@ -240,6 +258,8 @@ def run_one(cfg, source, spec: TaskSpec, train: Encoded, devs: dict[str, Encoded
     tail = losses[-max(1, len(losses) // 10):]
     engine.close()  # a sweep runs many in one process: each run's memory is freed before the next (Engine.close)
     del engine, optimizer, model
-    return {"metrics": scores, "train_loss_last": float(np.mean(tail)), "train_loss_first": losses[0],
-            "train_losses": losses,
-            "steps": steps, "seconds": time.perf_counter() - start}
+    out = {"metrics": scores, "train_loss_last": float(np.mean(tail)), "train_loss_first": losses[0],
+           "train_losses": losses, "steps": steps, "seconds": time.perf_counter() - start}
+    if keep_predictions:
+        out["predictions"] = predictions
+    return out

@@ -14,7 +14,8 @@ mapped to tokens through the tokenizer's character offsets (any tokenizer: WordP
 Chinese characters); a window that does not contain the whole answer (and an unanswerable question) points at
 [CLS]. Predictions: the ``n_best_size`` best starts and ends of every window, pairs with start <= end and at most
 ``max_answer_length`` tokens, best by start + end logit across windows; the null score is the smallest [CLS] score
-over the windows. Metrics (squad_metrics.py): ``f1`` and ``exact_match``; Chinese contexts are scored as CMRC 2018.
+over the windows. Metrics (squad_metrics.py): ``f1`` and ``exact_match``; Chinese contexts are scored as CMRC 2018. Prediction files
+(``predictions.json``, v2.0's ``null_odds.json``): trainer/finetune/predictions.py.
 """
 from __future__ import annotations
 
@@ -266,10 +267,25 @@ class SquadKind(TaskKind):
         lengths = batch["attention_mask"].sum(-1).tolist()
         return [(row[:n, 0].tolist(), row[:n, 1].tolist()) for row, n in zip(logits.cpu(), lengths)]
 
-    def score(self, outputs, data):
+    def predictions(self, outputs, data):
+        """({id: best span text}, {id: null score - best span score} on v2.0, else None)."""
         spans, margin = best_spans(data, outputs, self.cfg.n_best_size, self.cfg.max_answer_length)
+        return spans, margin if self.version2 else None
+
+    def scored(self, outputs, data, labelled=True):
+        predictions = self.predictions(outputs, data)  # the best-span search once, for both
+        return (self._score(predictions, data) if labelled else None), predictions
+
+    def score(self, outputs, data):
+        return self._score(self.predictions(outputs, data), data)
+
+    def _score(self, predictions, data):
         golds = {q.qid: q.answers for q in data.questions}
-        return squad_scores(golds, spans, margin if self.version2 else None, self.style)
+        return squad_scores(golds, *predictions, self.style)
+
+    def write_predictions(self, predictions, data, folder, split):
+        from trainer.finetune.predictions import write_squad
+        return write_squad(folder, *predictions)
 
 
 def _first(folder: Path, names) -> str | None:
