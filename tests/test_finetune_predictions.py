@@ -278,3 +278,53 @@ def test_glue_dev_and_test_files_of_the_best_run(bert_folder, en_corpus, tmp_pat
                                                         "STS-B.tsv")]
         assert spearmanr(values, gold)[0] == pytest.approx(run["metrics"]["dev"]["spearman"], abs=1e-12)
     assert not list((out / "finetune" / "sts-b").glob(".predictions.tmp*"))
+
+
+# ---- SQuAD v1.1: the official v1.1 evaluate script's functions, transcribed (evaluate-v1.1.py) ----
+def v11_f1_score(prediction, ground_truth):
+    prediction_tokens = normalize_answer(prediction).split()
+    ground_truth_tokens = normalize_answer(ground_truth).split()
+    num_same = sum((collections.Counter(prediction_tokens) & collections.Counter(ground_truth_tokens)).values())
+    if num_same == 0:
+        return 0
+    precision, recall = 1.0 * num_same / len(prediction_tokens), 1.0 * num_same / len(ground_truth_tokens)
+    return (2 * precision * recall) / (precision + recall)
+
+
+def v11_exact_match_score(prediction, ground_truth):
+    return normalize_answer(prediction) == normalize_answer(ground_truth)
+
+
+def v11_evaluate(qas, predictions):
+    f1 = exact_match = total = 0
+    for qid, gts in qas.items():
+        total += 1
+        exact_match += max(v11_exact_match_score(predictions[qid], gt) for gt in gts)
+        f1 += max(v11_f1_score(predictions[qid], gt) for gt in gts)
+    return {"exact_match": 100.0 * exact_match / total, "f1": 100.0 * f1 / total}
+
+
+def test_squad_v11_files_score_as_the_v11_script(tmp_path):
+    from trainer.finetune.squad_metrics import score
+    assert score(["the", "cat"], "a", version2=False) == (1.0, 0.0)  # v1.1 keeps the gold "the"; its F1 of two
+    assert score(["the", "cat"], "a") == (0.0, 0.0)  # empty answers is 0; v2.0 drops "the", leaving "cat"
+    assert score(["the"], "a") == (1.0, 1.0)  # v2.0: no gold left, [""] matches an empty prediction
+    kind = task_kind(TaskSection(name="squad"))
+    kind.version2, kind.style = False, "squad"
+    rng = random.Random(1)
+    differ = 0
+    for case in range(30):
+        windows, outputs, qas = squad_case(rng, 40)
+        for q in windows.questions:  # v1.1: every question answered; some golds normalise to nothing
+            q.answers = qas[q.qid] = qas[q.qid] or [rng.choice(["the", "a", "...", "An"])]
+            q.impossible = False
+        ours, predictions = kind.scored(outputs, windows)
+        kind.write_predictions(predictions, windows, tmp_path / f"v1_{case}", "dev")
+        assert not (tmp_path / f"v1_{case}" / "null_odds.json").exists()
+        preds = json.loads((tmp_path / f"v1_{case}" / "predictions.json").read_text(encoding="utf-8"))
+        official = v11_evaluate(qas, preds)
+        assert (100 * ours["exact_match"], 100 * ours["f1"]) == pytest.approx(
+            (official["exact_match"], official["f1"]), abs=1e-9), case
+        v2_exact, _ = get_raw_scores(qas, preds)
+        differ += sum(v2_exact.values()) != round(ours["exact_match"] * len(qas))
+    assert differ  # the cases hold answers on which v2.0's rules would score differently

@@ -3,7 +3,9 @@
 English (SQuAD v1.1 / v2.0 ``evaluate`` scripts): answers are normalised (lower case, punctuation removed, the
 articles a/an/the removed, whitespace folded); exact match compares the normalised strings, F1 the bags of their
 words; an empty gold (v2.0 unanswerable) only matches an empty prediction. The score of a question is the maximum
-over its gold answers.
+over its gold answers. v1.1 (no ``is_impossible`` question) is scored by v1.1's own script, which differs on
+answers that normalise to nothing: it keeps such golds (gold "the", prediction "a": exact match) and its F1 scores
+two empty answers 0.
 
 Chinese (CMRC 2018's script, used for DRCD too): text is cut into single CJK characters and the words of the runs
 between them, its punctuation list removed; F1 uses the longest common *substring* of the two segment lists; exact
@@ -118,8 +120,23 @@ def f1_zh(gold: str, pred: str) -> float:
 SCORERS = {"squad": (exact_en, f1_en), "cmrc": (exact_zh, f1_zh)}
 
 
-def score(golds: Sequence[str], pred: str, style: str = "squad") -> tuple[float, float]:
-    """(exact, f1) of one prediction: the best over the gold answers ([''] for an unanswerable question)."""
+def f1_v1(gold: str, pred: str) -> float:
+    """SQuAD v1.1's ``f1_score``: no case for empty answers, so two that normalise to nothing score 0 (v2.0: 1)."""
+    g, p = normalize_answer(gold).split(), normalize_answer(pred).split()
+    same = sum((Counter(g) & Counter(p)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(p), same / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def score(golds: Sequence[str], pred: str, style: str = "squad", version2: bool = True) -> tuple[float, float]:
+    """(exact, f1) of one prediction: the best over the gold answers ([''] for an unanswerable question). SQuAD
+    v1.1 (``version2`` False) as its own script: every gold kept, even one that normalises to nothing (gold "the"
+    and prediction "a" match exactly), and its F1; v2.0 drops such golds first."""
+    if style == "squad" and not version2:
+        golds = list(golds) or [""]
+        return max(exact_en(g, pred) for g in golds), max(f1_v1(g, pred) for g in golds)
     exact, f1 = SCORERS[style]
     golds = [g for g in golds if (normalize_answer(g) if style == "squad" else _remove_punctuation(g))] or [""]
     return max(exact(g, pred) for g in golds), max(f1(g, pred) for g in golds)
@@ -143,11 +160,12 @@ def best_threshold(span_scores: dict[str, float], has_answer: dict[str, bool], s
 
 def squad_scores(golds: dict[str, list[str]], spans: dict[str, str], null_margin: dict[str, float] | None,
                  style: str = "squad") -> dict[str, float]:
-    """exact_match and f1 over all questions. v1 (``null_margin`` None): the best spans as predicted. v2: the best
+    """exact_match and f1 over all questions. v1 (``null_margin`` None): the best spans as predicted, scored by
+    v1.1's rules (``score``). v2: the best
     spans with "no answer" wherever null_margin > the threshold that maximises each score on these questions (the
     official script's best_exact / best_f1, which BERT tunes on dev), plus the scores at threshold 0 and the
     thresholds themselves."""
-    per = {q: score(golds[q], spans[q], style) for q in golds}
+    per = {q: score(golds[q], spans[q], style, version2=null_margin is not None) for q in golds}
     if null_margin is None:
         return {"f1": _mean(f for _, f in per.values()), "exact_match": _mean(e for e, _ in per.values())}
     has = {q: bool([g for g in golds[q] if g.strip()]) for q in golds}
