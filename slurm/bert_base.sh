@@ -52,5 +52,5 @@ PHASE1_CKPT=$(bf_latest_checkpoint)
 [ -d "$PHASE1_CKPT" ] || bf_die "phase 1 completed but left no checkpoint in $RUN_DIR/phase1/checkpoints"
 
 bf_log "phase 2: $PHASE2_CONFIG, initialised from $PHASE1_CKPT"
-bf_train "$PHASE2_CONFIG" "$RUN_DIR/phase2" --set "checkpoint.init_from=$PHASE1_CKPT" "$@"
+bf_train "$PHASE2_CONFIG" "$RUN_DIR/phase2" --set "checkpoint.init_from=$(bf_yaml_string "$PHASE1_CKPT")" "$@"
 bf_finish

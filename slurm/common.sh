@@ -186,15 +186,20 @@ _bf_on_signal() {
 }
 
 # bf_sets RUN_DIR: the --set arguments every launch gets (run folder, data prefix, EXTRA_SETS), in BF_SETS.
+bf_yaml_string() {  # bf_yaml_string TEXT: TEXT as a YAML double-quoted string (as JSON escapes it)
+    local quoted=${1//\\/\\\\}
+    quoted=${quoted//\"/\\\"}
+    printf '"%s"' "$quoted"
+}
+
 bf_sets() {
-    BF_SETS=(--set "run_dir=$1")
+    # Paths as YAML double-quoted strings: a comma, ' #' (a YAML comment: "runs/exp #2" read as "runs/exp", another
+    # run's folder), a colon or a bracket in the path stays in the path
+    BF_SETS=(--set "run_dir=$(bf_yaml_string "$1")")
     if [ -n "${DATA_PREFIX:-}" ]; then
         [ -f "$DATA_PREFIX.manifest.json" ] || bf_die "DATA_PREFIX=$DATA_PREFIX: no $DATA_PREFIX.manifest.json \
 (prepare the corpus with slurm/build_indexed.sh or data_prep/build_indexed.py first)"
-        # a YAML double-quoted string (as JSON escapes it): a comma, ' #' or a bracket in the path stays in the path
-        local quoted=${DATA_PREFIX//\\/\\\\}
-        quoted=${quoted//\"/\\\"}
-        BF_SETS+=(--set "data.corpora=[{prefix: \"$quoted\"}]")
+        BF_SETS+=(--set "data.corpora=[{prefix: $(bf_yaml_string "$DATA_PREFIX")}]")
     fi
     local kv words
     # split on whitespace, newlines included (a multi-line EXTRA_SETS), without globbing ("optim.betas=[0.9,0.98]");

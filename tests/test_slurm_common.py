@@ -115,6 +115,24 @@ def test_extra_sets_over_several_lines_and_a_data_prefix_with_any_character_reac
     assert raw["train"] == {"micro_batch_size": 2, "steps": 7} and raw["optim"]["betas"] == [0.9, 0.98]
 
 
+def test_a_run_dir_holding_a_yaml_comment_or_quotes_reaches_the_trainer_whole(tmp_path):
+    """RUN_DIR='.../exp #2' was passed unquoted: YAML read ' #2' as a comment, and the job resumed and trained the run
+    in '.../exp', another run's folder, with no error (found by review on the two-node harness). bert_base.sh's
+    phase-2 init_from path is quoted the same way."""
+    from trainer.config import apply_override
+    run_dir = tmp_path / 'exp #2, "b": [c]' / "run"
+    proc = common(tmp_path, 'bf_sets "$RD"; printf "%s\\n" "${BF_SETS[@]}"; bf_yaml_string "$RD"',
+                  env={"RD": str(run_dir)})
+    assert proc.returncode == 0, proc.stderr
+    args = proc.stdout.splitlines()
+    raw: dict = {}
+    apply_override(raw, args[1])
+    assert args[0] == "--set" and raw["run_dir"] == str(run_dir)
+    apply_override(raw, "checkpoint.init_from=" + args[-1])
+    assert raw["checkpoint"]["init_from"] == str(run_dir)
+    assert "bf_yaml_string \"$PHASE1_CKPT\"" in (REPO / "slurm" / "bert_base.sh").read_text()
+
+
 def test_the_training_step_asks_for_its_gpus_the_smallest_nodes_cpus_and_passes_the_environment(tmp_path):
     """On a node with GPUs (Slurm's variables faked): the step asks srun for the ranks' GPUs (a --gres=gpu:4 job's
     step inherited the template's --gpus-per-node=8 and was refused), for the smallest node's CPUs ("4(x1),2": the

@@ -13,6 +13,7 @@ Usage::
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -182,7 +183,15 @@ def apply_override(raw: dict, override: str) -> None:
         raise ConfigError(f"--set {override!r}: expected KEY=VALUE, e.g. --set optim.lr=4e-4")
     key, value = override.split("=", 1)
     parts = key.strip().split(".")
-    parsed = yaml.safe_load(value) if value.strip() else None
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {override!r}: the value is not valid YAML ({str(err).splitlines()[0]}); quote it: "
+                          f"--set '{key}=\"...\"'") from None
+    if "#" in value and "#" not in json.dumps(parsed, default=str, ensure_ascii=False):
+        # " #..." starts a YAML comment: "run_dir=runs/exp #2" would train into runs/exp, another run's folder
+        raise ConfigError(f"--set {override!r}: YAML reads ' #' and what follows as a comment, so the value would be "
+                          f"{parsed!r}; quote the value as a YAML string: --set '{key}=\"{value.strip()}\"'")
     node = raw
     for i, part in enumerate(parts):
         last = i == len(parts) - 1

@@ -7,7 +7,7 @@ export reads ``family`` to pick the target architecture. Nothing here imports to
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Family = Literal["bert", "roberta", "albert", "electra", "ernie"]
 Sharing = Literal["none", "all", "attention", "ffn"]
@@ -83,6 +83,12 @@ class ModelConfig(BaseModel):
     stays on its own kernels (flash / SDPA). auto: on for CUDA (not under ZeRO-3, whose parameter hooks dynamo
     would trace), off on the CPU; on: also on the CPU (inductor's C++ backend; compiling takes tens of seconds);
     off: eager. The compiled and eager layers share parameters and state-dict keys: checkpoints are the same."""
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_switch(cls, value):
+        """YAML 1.1 reads a bare ``on`` / ``off`` (``--set model.compile=on``, as documented) as a boolean."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
