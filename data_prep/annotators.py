@@ -198,14 +198,49 @@ def _keyed_jieba_tokenizer(jieba):
     """
     import sys
 
-    from data_prep.cache_dir import cache_dir, key
+    from data_prep.cache_dir import key
 
     tok = jieba.Tokenizer()
     with tok.get_dict_file() as fh:
         words = fh.read()
     digest = key(jieba.__version__, f"{sys.version_info[0]}.{sys.version_info[1]}", words)
-    tok.cache_file = str(cache_dir("jieba") / f"jieba-{digest}.cache")  # an absolute path: jieba takes it as is
+    tok.cache_file = str(jieba_cache_folder() / f"jieba-{digest}.cache")  # an absolute path: jieba takes it as is
     return tok
+
+
+_JIEBA_FOLDER: list[Path] = []  # this process's answer of jieba_cache_folder
+
+
+def jieba_cache_folder() -> Path:
+    """Where jieba's keyed prefix-dictionary cache goes: ``cache_dir("jieba")``, or, when that cannot be created (a
+    read-only HOME, no HOME and no passwd entry), a private temporary folder of this process, removed at exit, with
+    one warning. The cache only saves ~1 s per process, so an unwritable cache must not stop a corpus build after its
+    tokenization (``build_indexed.py`` asks once before the long work, so the warning comes first). Should even the
+    temporary folder fail, jieba gets a path it cannot write: it builds the dictionary and logs that the dump failed.
+    """
+    if _JIEBA_FOLDER:
+        return _JIEBA_FOLDER[0]
+    import atexit
+    import shutil
+    import sys
+    import tempfile
+
+    from data_prep.cache_dir import cache_dir
+
+    try:
+        folder = cache_dir("jieba")
+    except (OSError, RuntimeError) as err:  # RuntimeError: Path.home() without HOME and passwd entry
+        try:
+            folder = Path(tempfile.mkdtemp(prefix="bertfamily-jieba-"))
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            where = f"a private temporary folder ({folder}), rebuilt by every process (~1 s each)"
+        except OSError:
+            folder = Path("/nonexistent-bertfamily-jieba-cache")
+            where = "no cache (jieba rebuilds its dictionary in every process, ~1 s each)"
+        print(f"warning: jieba's dictionary cache folder cannot be created ({err}); using {where}. Set "
+              "BERTFAMILY_CACHE to a writable folder to keep it", file=sys.stderr, flush=True)
+    _JIEBA_FOLDER.append(folder)
+    return folder
 
 
 def make_annotator(spec: str) -> Annotator:

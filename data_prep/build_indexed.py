@@ -401,6 +401,9 @@ def main(argv=None) -> int:
         except (ValueError, OSError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
+        if args.annotate == "jieba":  # its cache folder: an unwritable one is warned about now, not after tokenizing
+            from data_prep.annotators import jieba_cache_folder
+            jieba_cache_folder()
     dir_skips: Counter = Counter()
     say = print if world.rank == 0 else (lambda *a, **k: None)
     prefix = args.output_prefix

@@ -257,3 +257,21 @@ def test_names_moved_out_of_annotate_still_import_from_it():
                                      "SidecarReader", "place_spans"))):
         for name in names:
             assert getattr(annotate, name) is getattr(module, name), name
+
+
+def test_jieba_without_a_writable_cache_folder_warns_and_annotates(tmp_path, monkeypatch, capsys):
+    """The keyed jieba cache is a ~1 s speed-up: a HOME where ~/.cache cannot be created (here a file, so that root
+    cannot write it either; a read-only HOME fails the same mkdir) gives one warning and a private temporary folder,
+    not an OSError after the corpus was tokenized (review F5). What this cannot see: a HOME that is really
+    read-only for a non-root user (the same mkdir, another errno)."""
+    home = tmp_path / "home-is-a-file"
+    home.write_text("")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("BERTFAMILY_CACHE", raising=False)
+    monkeypatch.setattr(annotators, "_JIEBA_FOLDER", [], raising=False)
+    spans = annotators.make_annotator("jieba")("北京大学的学生在上海工作。")
+    assert spans
+    err = capsys.readouterr().err
+    assert err.count("warning: jieba's dictionary cache folder cannot be created") == 1
+    assert "BERTFAMILY_CACHE" in err
