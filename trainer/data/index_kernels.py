@@ -8,7 +8,8 @@ is a few ns per sentence. No library has this walk (megatron-core's C++ ``build_
 drops documents with a sentence over 512 tokens, never crosses documents and shuffles its output), so we write the
 loop and let numba compile it: a library on PyPI for all our platforms, no compiler needed at install, and the
 compiled code is cached on disk (``cache=True``: ``__pycache__`` beside this file, or numba's user cache when that
-is read-only), so a process pays the ~5 s compilation once per machine.
+is read-only), so a process pays the ~5 s compilation once per machine. Where neither is writable (a read-only
+checkout in a container and a read-only HOME), every process compiles it, with a warning naming NUMBA_CACHE_DIR.
 
 Loading the compiled code still costs a process 1-4 s (numba's import and LLVM), more than a small shard's walk
 takes in plain Python (~5 µs per sentence: the functions below are ordinary Python that numba compiles unchanged),
@@ -185,11 +186,21 @@ def _compiled() -> SimpleNamespace:
     each name is rebound to its compiled version before the functions that call it are compiled)."""
     from numba import njit  # noqa: PLC0415
 
-    jit = njit(cache=True, nogil=True)
     g = globals()
     names = ("mix1", "target1", "nsp1", "cost1", "walk", "pack")
+    cache = True
     for name in names:
-        g[name] = jit(getattr(_PYTHON, name))
+        try:
+            g[name] = njit(cache=cache, nogil=True)(getattr(_PYTHON, name))
+        except RuntimeError as err:  # numba: "cannot cache function 'mix1': no locator available for file ..."
+            if not cache or "cannot cache" not in str(err):
+                raise
+            cache = False
+            g[name] = njit(nogil=True)(getattr(_PYTHON, name))
+            import sys  # noqa: PLC0415
+            print(f"warning: numba cannot cache the compiled index walk ({err}): neither __pycache__ beside "
+                  f"{__file__} nor numba's user cache under HOME is writable. This process compiles it (~5 s); set "
+                  "NUMBA_CACHE_DIR to a writable folder to compile it once per machine", file=sys.stderr, flush=True)
     return SimpleNamespace(**{name: g[name] for name in names})
 
 
