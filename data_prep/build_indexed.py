@@ -292,7 +292,9 @@ def _run_pieces(todo: list[Piece], args, settings: Settings, workdir: Path, worl
     from tqdm import tqdm
 
     counters = (mp.Value("q", 0), mp.Value("q", 0))
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    from data_prep.cpus import usable_cpus
+
+    cpus = usable_cpus()  # Slurm's allocation (cgroup/affinity), not the node's
     threads = args.tokenizer_threads or max(1, cpus // (args.workers * max(1, world.local_size)))
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, disable=world.rank != 0,
                desc=f"rank 0/{world.size}" if world.is_mpi else "tokenizing", dynamic_ncols=True,

@@ -46,6 +46,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
     # `python data_prep/train_tokenizer.py` puts data_prep/ on sys.path, not the repository root.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from data_prep.cpus import usable_cpus
 from data_prep.tokenizer import (HF_CONFIG, HF_SPECIAL_MAP, META_FILE, META_FORMAT, META_VERSION, ROLES, SPM_MODEL,
                                  TOKENIZER_JSON, fingerprint_folder, load_tokenizer)
 from data_prep.wordpiece_trainer import train_wordpiece
@@ -345,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop reading after this much UTF-8 text, e.g. 2G (default: all input)")
     p.add_argument("--spm-sentences", type=int, default=10_000_000,
                    help="unigram: lines SentencePiece samples into memory (default 10,000,000)")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="unigram: SentencePiece threads")
+    p.add_argument("--threads", type=int, default=usable_cpus(),
+                   help="unigram: SentencePiece threads (default: the CPUs this process may use, e.g. its Slurm allocation)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, as for trainer.pretrain (e.g. --set data.cache_dir=/lustre/cache)")
     p.add_argument("--workers", type=int, default=None,
-                   help="threads building shards in parallel (default: the CPUs of this machine, at most 16; fewer "
+                   help="threads building shards in parallel (default: the CPUs this process may use, e.g. its Slurm allocation, at most 16; fewer "
                         "if --memory-gb cannot hold their shards)")
     p.add_argument("--memory-gb", type=float, default=None,
                    help="memory the build may hold in flight (default: data.index_memory_gb, 2): caps the threads, "
@@ -122,6 +121,7 @@ def _ernie_files(cfg, options, split: str, policy) -> list[str]:
 
 
 def main(argv=None) -> int:
+    from data_prep.cpus import usable_cpus
     from trainer.config import ConfigError, load_config
     from trainer.data.dataset import build_indexes, cache_policy
 
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     data = cfg.data.model_copy(update={"require_prebuilt_index": False})
-    workers = args.workers or min(16, os.cpu_count() or 1)
+    workers = args.workers or min(16, usable_cpus())
     policy = cache_policy(data, builder=True, workers=workers, hint=command_for(args.config, args.set),
                           memory_gb=args.memory_gb)
     policy.dir.mkdir(parents=True, exist_ok=True)

@@ -88,7 +88,7 @@ class DataConfig(BaseModel):
     """seed of the sample layout's randomness (short-sequence targets); separate from the training seed so that a
     new training seed reuses the index (the order of samples follows the training seed)"""
     index_workers: int = Field(0, ge=0)
-    """threads building a missing sample index at training start (0: the CPUs of the node, at most 16); the
+    """threads building a missing sample index at training start (0: the CPUs this process may use, e.g. its Slurm allocation, at most 16); the
     offline builder takes --workers instead"""
     index_memory_gb: float = Field(2.0, gt=0)
     """memory a sample-index build may hold in flight: it caps the threads (``index_workers``, --workers), and a

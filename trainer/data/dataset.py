@@ -9,10 +9,11 @@ in any order.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
+
+from data_prep.cpus import usable_cpus
 
 from .cache_file import CachePolicy, launcher_rank
 from .config import DataConfig
@@ -33,7 +34,7 @@ def cache_policy(cfg: DataConfig, builder: bool | None = None, workers: int | No
     folder = Path(cfg.cache_dir) if cfg.cache_dir else Path(str(first)).parent / "index_cache"
     return CachePolicy(folder, builder=launcher_rank() == 0 if builder is None else builder,
                        timeout=cfg.index_wait_timeout, prebuilt_only=cfg.require_prebuilt_index,
-                       workers=workers or cfg.index_workers or min(16, os.cpu_count() or 1), hint=hint,
+                       workers=workers or cfg.index_workers or min(16, usable_cpus()), hint=hint,
                        memory=int((memory_gb or cfg.index_memory_gb) * 2**30))
 
 
