@@ -6,6 +6,7 @@
 # Arguments go to data_prep/build_indexed.py unchanged (see its --help). The run is restartable: a requeued or
 # resubmitted job skips finished shards and ends byte-identical to an uninterrupted run, hence --requeue.
 #
+# Relative paths in the arguments are read from the checkout (BERTFAMILY_HOME), where the job runs.
 # Environment: BERTFAMILY_HOME, BERTFAMILY_VENV (as in slurm/common.sh); WORKERS (processes per rank, default the
 # node's CPUs); RANKS_PER_NODE (default 1: a rank per node, processes inside it); SRUN_MPI (srun's --mpi plugin,
 # default pmix: Open MPI 4 under Slurm 22.05 fails with pmi2).
@@ -29,6 +30,8 @@ CPUS=$(bf_min_cpus "${SLURM_JOB_CPUS_PER_NODE:-${SLURM_CPUS_ON_NODE:-1}}")  # th
 WORKERS=${WORKERS:-$(( CPUS / RANKS_PER_NODE > 0 ? CPUS / RANKS_PER_NODE : 1 ))}
 NNODES=${SLURM_JOB_NUM_NODES:-1}
 bf_log "job $SLURM_JOB_ID: data prep on $NNODES node(s) x $RANKS_PER_NODE rank(s), $WORKERS worker(s) per rank"
+[ "$BF_SUBMIT_DIR" = "$BERTFAMILY_HOME" ] || bf_log "relative --input/--tokenizer/--output-prefix paths are read \
+from BERTFAMILY_HOME=$BERTFAMILY_HOME, where the job runs, not from $BF_SUBMIT_DIR, where sbatch ran"
 srun --mpi="${SRUN_MPI:-pmix}" --nodes="$NNODES" --ntasks=$((NNODES * RANKS_PER_NODE)) \
     --ntasks-per-node="$RANKS_PER_NODE" --cpus-per-task="$(( CPUS / RANKS_PER_NODE > 0 ? CPUS / RANKS_PER_NODE : 1 ))" \
     --export=ALL --kill-on-bad-exit=1 --label \

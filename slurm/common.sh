@@ -20,9 +20,11 @@
 #   CONFIG            recipe name or YAML file (each template sets its own default)
 #   TRAIN_SCRIPT      the entry point (default trainer/pretrain.py, which trains every model)
 #   RUN_DIR           run folder: checkpoints, metrics.jsonl, TensorBoard, per-rank logs (each template's default is
-#                     under runs/; relative paths are relative to BERTFAMILY_HOME). Set RUN_DIR rather than
+#                     under runs/; relative paths are relative to BERTFAMILY_HOME, where the job runs, not to the
+#                     folder sbatch was run from when BERTFAMILY_HOME is set). Set RUN_DIR rather than
 #                     --set run_dir=...: the job script reads the run's status.json and checkpoints there.
 #   DATA_PREFIX       one prepared corpus (PREFIX of PREFIX.manifest.json); replaces the recipe's data.corpora
+#                     (relative: to BERTFAMILY_HOME, as RUN_DIR)
 #   EXTRA_SETS        more overrides, whitespace-separated KEY=VALUE words, each passed as --set KEY=VALUE
 #   GPUS_PER_NODE     ranks per node on GPU nodes (default: the GPUs Slurm gave the job, else nvidia-smi's count)
 #   CPU_RANKS_PER_NODE ranks per node when a node has no GPU (default 1; CPU runs are for tests and debugging)
@@ -58,6 +60,7 @@ bf_setup_env() {
 is not a bertfamily checkout (no trainer/ and data_prep/): run sbatch from the repository root or set BERTFAMILY_HOME"
     # absolute before the cd: the default venv below is relative to it
     BERTFAMILY_HOME=$(cd "$BERTFAMILY_HOME" && pwd) || bf_die "cannot cd to $BERTFAMILY_HOME"
+    BF_SUBMIT_DIR=${SLURM_SUBMIT_DIR:-$PWD}  # where sbatch ran; relative paths are read from BERTFAMILY_HOME
     cd "$BERTFAMILY_HOME" || bf_die "cannot cd to $BERTFAMILY_HOME"
     # The venv must be active in the job itself: a job that falls back to system Python finds no deepspeed, and one
     # that mixes ninja builds recompiles DeepSpeed's native ops (~1 min each) in every job.
@@ -192,13 +195,22 @@ bf_yaml_string() {  # bf_yaml_string TEXT: TEXT as a YAML double-quoted string (
     printf '"%s"' "$quoted"
 }
 
+# bf_relative_note PATH: for a relative PATH when the job runs elsewhere than the folder sbatch ran in (BERTFAMILY_HOME
+# set), the words saying where it is read from; else nothing.
+bf_relative_note() {
+    case "$1" in /*) return 0;; esac
+    [ -n "${BF_SUBMIT_DIR:-}" ] && [ "$BF_SUBMIT_DIR" != "${BERTFAMILY_HOME:-}" ] || return 0
+    printf '%s' " ($1 is relative: the job reads it from BERTFAMILY_HOME=$BERTFAMILY_HOME, where it runs, not from \
+$BF_SUBMIT_DIR, where sbatch ran; give an absolute path)"
+}
+
 bf_sets() {
     # Paths as YAML double-quoted strings: a comma, ' #' (a YAML comment: "runs/exp #2" read as "runs/exp", another
     # run's folder), a colon or a bracket in the path stays in the path
     BF_SETS=(--set "run_dir=$(bf_yaml_string "$1")")
     if [ -n "${DATA_PREFIX:-}" ]; then
-        [ -f "$DATA_PREFIX.manifest.json" ] || bf_die "DATA_PREFIX=$DATA_PREFIX: no $DATA_PREFIX.manifest.json \
-(prepare the corpus with slurm/build_indexed.sh or data_prep/build_indexed.py first)"
+        [ -f "$DATA_PREFIX.manifest.json" ] || bf_die "DATA_PREFIX=$DATA_PREFIX: no $DATA_PREFIX.manifest.json\
+$(bf_relative_note "$DATA_PREFIX") (prepare the corpus with slurm/build_indexed.sh or data_prep/build_indexed.py first)"
         BF_SETS+=(--set "data.corpora=[{prefix: $(bf_yaml_string "$DATA_PREFIX")}]")
     fi
     local kv words
@@ -236,7 +248,7 @@ bf_train() {
         >"$BF_LOG_DIR/config.json" \
         || { bf_stopped && return 0; bf_die "config $config ${BF_SETS[*]} $* is invalid (message above); nothing \
 was launched"; }
-    bf_log "run $run_dir: config $config; per-rank logs in $BF_LOG_DIR/node*/"
+    bf_log "run $run_dir: config $config; per-rank logs in $BF_LOG_DIR/node*/$(bf_relative_note "$run_dir")"
     if [ -n "$BF_SIGNAL" ]; then BF_RC=$BF_EXIT_REQUEUE; return 0; fi  # told to stop before anything started
     # The data caches once, here, before any node starts: a 2B-sentence index takes minutes to build, which every GPU
     # of the job would otherwise spend waiting for rank 0. An existing, valid cache is only checked (seconds).

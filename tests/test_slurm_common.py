@@ -233,3 +233,25 @@ def test_a_requeued_bert_base_job_runs_the_fine_tunings_a_completed_phase_1_left
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "phase 1 already completed" in proc.stdout
     assert (tmp_path / "downstream_runs").read_text().split() == [str(run / "phase1"), str(run / "phase2")]
+
+
+def test_a_relative_data_prefix_submitted_from_elsewhere_says_it_is_read_from_the_checkout(tmp_path):
+    """sbatch from another folder with BERTFAMILY_HOME set: the job runs in the checkout, so DATA_PREFIX=data/pydocs
+    (present where sbatch ran) was not found, and the error did not say relative to which folder (review F8). The
+    error now names both; a relative RUN_DIR gets the same note in the log (bf_train, run by the Slurm tests)."""
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "data").mkdir(parents=True)
+    (elsewhere / "data" / "pydocs.manifest.json").write_text("{}")
+    proc = common(tmp_path, 'bf_setup_env; bf_sets runs/x; echo reached', cwd=elsewhere,
+                  env={"SLURM_JOB_ID": "1", "SLURM_SUBMIT_DIR": str(elsewhere), "BERTFAMILY_HOME": str(REPO),
+                       "BERTFAMILY_VENV": "none", "DATA_PREFIX": "data/pydocs"})
+    assert proc.returncode == 1 and "reached" not in proc.stdout
+    line, = [x for x in proc.stderr.splitlines() if "DATA_PREFIX=data/pydocs" in x]
+    assert f"reads it from BERTFAMILY_HOME={REPO}" in line and f"not from {elsewhere}, where sbatch ran" in line, line
+    assert "give an absolute path" in line
+    note = common(tmp_path, 'bf_setup_env; bf_relative_note runs/x; echo; bf_relative_note /abs/x; echo end',
+                  cwd=elsewhere, env={"SLURM_JOB_ID": "1", "SLURM_SUBMIT_DIR": str(elsewhere),
+                                      "BERTFAMILY_HOME": str(REPO), "BERTFAMILY_VENV": "none"})
+    assert note.stdout.splitlines()[-2:] == [f" (runs/x is relative: the job reads it from BERTFAMILY_HOME={REPO}, "
+                                             f"where it runs, not from {elsewhere}, where sbatch ran; give an "
+                                             "absolute path)", "end"], note.stdout
