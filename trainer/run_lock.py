@@ -8,7 +8,10 @@ Files (all in the locked folder; the holder's token is a random UUID):
 
     run.lock                  JSON naming the holder (host, pid, Slurm job id, token, heartbeat interval). Created
                               once by ``os.link`` of a complete temporary file (atomic, fails if the name exists,
-                              also on NFS: the classic lock-file recipe); never rewritten by its holder.
+                              also on NFS: the classic lock-file recipe); never rewritten by its holder. Where the
+                              filesystem has no hard links (gcsfuse, blobfuse2, many SMB mounts: ``link`` raises
+                              EPERM/EOPNOTSUPP/ENOSYS), by ``O_CREAT|O_EXCL`` instead, said once (see
+                              ``_create_exclusive``).
     run.lock.<token>.hb       the holder's heartbeat: a counter it rewrites (temp file + ``os.replace``) every
                               ``interval_s``. Only the holder writes it, so a stalled holder that wakes up can never
                               overwrite another launch's lock.
@@ -40,6 +43,7 @@ the link count of our temporary file (2 when our link exists) tells the two apar
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -92,9 +96,43 @@ def _pid_ns() -> int | None:
         return None
 
 
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV}
+"""What ``link`` raises on a filesystem without hard links (FUSE object stores, SMB/CIFS)."""
+_said_no_hard_links = False
+
+
+def _create_exclusive(dst: Path, data: bytes) -> bool:
+    """``dst`` holding ``data``, made by ``open(O_CREAT|O_EXCL)``: True if we made it (the name did not exist).
+
+    The fallback for filesystems without hard links. The exclusive create is as atomic as ``link`` on local
+    filesystems, NFSv3+ (the server checks a create verifier, so a retransmission is no EEXIST) and FUSE mounts
+    that pass O_EXCL on. Unlike a link, the file is visible before its bytes are: a contender reading it then sees
+    an empty lock, which it treats like an unreadable one (watched, never stale before ``stale_s``), and a moment
+    later the holder's JSON (a new signature, watched again). Reading it back afterwards is the check that the name
+    holds our bytes."""
+    try:
+        fd = os.open(dst, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+    except FileExistsError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        dst.unlink(missing_ok=True)  # ours (O_EXCL): an empty lock would block the folder for stale_s
+        raise
+    try:
+        return dst.read_bytes() == data
+    except FileNotFoundError:
+        return False
+
+
 def _link_exclusive(src: Path, dst: Path) -> bool:
     """``os.link(src, dst)``: True if we made it. EEXIST from a retransmitted NFS link whose first try succeeded is
-    told apart by ``src``'s link count (2: our link exists)."""
+    told apart by ``src``'s link count (2: our link exists). A filesystem without hard links gets ``dst`` by
+    ``_create_exclusive`` with ``src``'s bytes."""
+    global _said_no_hard_links
     try:
         os.link(src, dst)
         return True
@@ -103,6 +141,15 @@ def _link_exclusive(src: Path, dst: Path) -> bool:
             return os.stat(src).st_nlink == 2
         except FileNotFoundError:
             return False
+    except OSError as err:
+        if err.errno not in _NO_HARD_LINKS:
+            raise
+        if not _said_no_hard_links:
+            _said_no_hard_links = True
+            print(f"note: {dst.parent} has no hard links (link: {err.strerror}); its lock files are created with "
+                  "O_CREAT|O_EXCL instead (exclusive on local filesystems, NFSv3+ and FUSE mounts that honour "
+                  "O_EXCL)", file=sys.stderr, flush=True)
+        return _create_exclusive(dst, src.read_bytes())
 
 
 class RunLock:
