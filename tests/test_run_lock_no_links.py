@@ -3,12 +3,17 @@
 - no hard links (gcsfuse, blobfuse2, many SMB mounts: ``link`` raises EOPNOTSUPP/EPERM/ENOSYS): both locks stopped
   with a raw traceback at start. They now create their files with O_CREAT|O_EXCL, say so once, and keep the lock's
   semantics: a live holder is refused, a stale lock is taken over, of eight contenders exactly one wins.
+- a sticky (``+t``) shared folder, where only the owner of a colleague's stale ``run.lock`` may replace it: the
+  takeover stopped with a bare PermissionError and left ``run.lock.<token>.new`` behind. Now nothing is left, and
+  the error says whose file blocks the folder and what to do. (The tests run as root, where the sticky bit
+  restricts nothing, so the refused rename is mocked.)
 """
 from __future__ import annotations
 
 import errno
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +103,26 @@ def test_without_hard_links_eight_contenders_on_one_stale_lock_exactly_one_wins(
             proc.wait(timeout=60)
     assert not (tmp_path / "run" / LOCK_NAME).exists()
     assert not list((tmp_path / "run").glob("*.takeover"))
+
+
+def test_a_stale_lock_that_cannot_be_replaced_in_a_sticky_folder_leaves_nothing_and_says_what_to_do(
+        tmp_path, monkeypatch):
+    folder = tmp_path / "shared"
+    _foreign_lock(folder, heartbeat_age=0)
+    folder.chmod(folder.stat().st_mode | stat.S_ISVTX)
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if Path(dst).name == LOCK_NAME:  # what the kernel answers a non-owner in a sticky folder
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(src), None, str(dst))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(run_lock.os, "replace", replace)
+    with pytest.raises(RunLockedError) as err:
+        RunLock(folder, stale_s=1, interval_s=0.1).acquire()
+    message = str(err.value)
+    assert f"cannot take over the stale lock of {folder}" in message
+    assert "sticky bit (+t)" in message and f"remove {folder / LOCK_NAME}" in message
+    assert "Several users, one project folder" in message
+    # only the colleague's stale lock and heartbeat-less state remain: no .new, .claim or .takeover of ours
+    assert sorted(p.name for p in folder.iterdir()) == [LOCK_NAME]

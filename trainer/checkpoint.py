@@ -420,16 +420,35 @@ def _before_save(root: Path, tag_dir: Path, run_id: str, fence) -> dict:
 
 def prune(root: Path, keep_last: int) -> None:
     """Delete all but the newest ``keep_last`` complete checkpoints, and incomplete ones older than the newest.
-    Folders moved aside (``abandoned-*``) are never touched."""
+    Folders moved aside (``abandoned-*``) are never touched.
+
+    A folder that cannot be deleted (a colleague's checkpoint in a shared project folder without group write, a
+    read-only snapshot) does not stop the run: the save is done. It is said in one warning per save, naming the
+    folders and the first error, since ``keep_last`` is then exceeded and the disk fills (found by review: the
+    errors were ignored and nothing was said)."""
+    failed: dict[Path, str] = {}
+
+    def remove(folder: Path) -> None:
+        def note(_func, path, exc_info) -> None:
+            failed.setdefault(folder, f"{exc_info[0].__name__}: {exc_info[1]}")
+        shutil.rmtree(folder, onerror=note)  # (onexc from Python 3.12)
+
     done = complete_checkpoints(root)
     for old in done[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        remove(old)
     if done:
         newest = step_of(done[-1].name)
         for p in Path(root).iterdir():
             s = step_of(p.name)
             if p.is_dir() and s is not None and s < newest and not is_complete(p):
-                shutil.rmtree(p, ignore_errors=True)
+                remove(p)
+    if failed:
+        first, err = next(iter(failed.items()))
+        print(f"warning: checkpoints: could not delete {len(failed)} old checkpoint folder(s) in {root} "
+              f"({', '.join(p.name for p in failed)}; {first.name}: {err}), so checkpoint.keep_last = {keep_last} is "
+              "exceeded and they keep their disk space. Delete them by hand (their owner can, in a folder shared by "
+              "several users: docs/cluster_operations.md, 'Several users, one project folder')",
+              file=sys.stderr, flush=True)
 
 
 UNIVERSAL_WAIT_S = float(os.environ.get("BERTFAMILY_UNIVERSAL_WAIT_S", 4 * 3600))

@@ -47,6 +47,7 @@ import errno
 import hashlib
 import json
 import os
+import stat
 import socket
 import sys
 import threading
@@ -150,6 +151,15 @@ def _link_exclusive(src: Path, dst: Path) -> bool:
                   "O_CREAT|O_EXCL instead (exclusive on local filesystems, NFSv3+ and FUSE mounts that honour "
                   "O_EXCL)", file=sys.stderr, flush=True)
         return _create_exclusive(dst, src.read_bytes())
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd  # noqa: PLC0415  (POSIX only)
+
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
 
 
 class RunLock:
@@ -265,12 +275,38 @@ class RunLock:
                     return False  # released or taken over meanwhile: look again
             except FileNotFoundError:
                 return False
-            os.replace(self._own_file("new"), self.path)
+            new = self._own_file("new")
+            try:
+                os.replace(new, self.path)
+            except OSError as err:
+                new.unlink(missing_ok=True)
+                raise self._cannot_replace(err) from err
             if stale_token:
-                self._hb_path(stale_token).unlink(missing_ok=True)
+                try:
+                    self._hb_path(stale_token).unlink(missing_ok=True)
+                except OSError:
+                    pass  # another user's file in a sticky folder: a dead holder's heartbeat, harmless
             return True
         finally:
             claim.unlink(missing_ok=True)
+
+    def _cannot_replace(self, err: OSError) -> RunLockedError:
+        """The stale lock cannot be replaced: in a sticky (``+t``) folder only the owner of ``run.lock`` (or of the
+        folder, or root) may, so a colleague's dead run blocks the folder until it is removed by hand."""
+        folder, why = self.path.parent, f"{type(err).__name__}: {err}"
+        try:
+            sticky = bool(os.stat(folder).st_mode & stat.S_ISVTX)
+            owner = _user_name(os.stat(self.path).st_uid)
+        except OSError:
+            sticky, owner = False, "its owner"
+        if sticky:
+            why += (f"; {folder} has the sticky bit (+t) and {self.path.name} belongs to {owner}, so only {owner}, "
+                    "the folder's owner or root may replace it")
+        return RunLockedError(
+            f"cannot take over the stale lock of {folder} ({why}). Its holder is dead: ask {owner} (or an admin) to "
+            f"remove {self.path}, then launch again, or use another folder. Several users sharing one project "
+            "folder: give it the setgid bit and default ACLs instead of the sticky bit (docs/cluster_operations.md, "
+            "'Several users, one project folder')")
 
     def _clear_dead_claim(self, raw: bytes, claim_bytes: bytes) -> None:
         """A contender that won the takeover of ``raw`` died before finishing (its claim file and the stale lock
