@@ -525,4 +525,6 @@ def _summary(prefix: str, manifest: dict, seconds: float, processed_bytes: int) 
 
 
 if __name__ == "__main__":
+    from data_prep.utf8_mode import reexec_in_utf8_mode
+    reexec_in_utf8_mode()  # a non-UTF-8 locale (GB18030, latin-1): data_prep/utf8_mode.py
     sys.exit(main())

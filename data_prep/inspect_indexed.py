@@ -128,4 +128,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from data_prep.utf8_mode import reexec_in_utf8_mode
+    reexec_in_utf8_mode()  # a non-UTF-8 locale (GB18030, latin-1): data_prep/utf8_mode.py
     sys.exit(main())

@@ -71,7 +71,9 @@ is not a bertfamily checkout (no trainer/ and data_prep/): run sbatch from the r
         # shellcheck disable=SC1091
         . "$BERTFAMILY_VENV/bin/activate"
     fi
-    export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+    # UTF-8 mode whatever the node's locale: under GB18030 or latin-1, torch's inductor reads its templates with the
+    # locale's codec and fails (data_prep/utf8_mode.py; every node's task inherits it through srun --export=ALL)
+    export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONUTF8=1
 }
 
 # bf_torchrun_options: BF_TORCHRUN_OPTS, the signal options of this torch's torchrun, read from its --help (they

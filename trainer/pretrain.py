@@ -466,4 +466,6 @@ def finalize_mpi(code: int) -> None:
 
 
 if __name__ == "__main__":
+    from data_prep.utf8_mode import reexec_in_utf8_mode
+    reexec_in_utf8_mode()  # a non-UTF-8 locale (GB18030, latin-1): data_prep/utf8_mode.py
     exit_process(main())

@@ -203,5 +203,7 @@ def train_and_report(args, configs, spec, splits, source, tokenizer) -> int:
 
 
 if __name__ == "__main__":
+    from data_prep.utf8_mode import reexec_in_utf8_mode
+    reexec_in_utf8_mode()  # a non-UTF-8 locale (GB18030, latin-1): data_prep/utf8_mode.py
     from trainer.pretrain import exit_process
     exit_process(main())
