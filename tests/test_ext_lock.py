@@ -148,3 +148,83 @@ def test_a_real_start_with_a_stale_lock_on_the_built_shm_op_trains(tmp_path):
     assert f"{ext / OP / 'lock'}: a stale build lock" in proc.stderr and "removed the lock" in proc.stderr
     assert not (ext / OP / "lock").exists()
     assert "train step 2" in proc.stdout
+
+
+def _can_mount_read_only(tmp_path) -> bool:
+    import subprocess
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    try:
+        proc = subprocess.run(["unshare", "-m", "sh", "-c", f'mount --bind -o ro "{probe}" "{probe}" && '
+                               f'! touch "{probe}/x" 2>/dev/null'], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def test_a_built_op_in_a_read_only_extensions_folder_is_loaded_and_trains(tmp_path):
+    """TORCH_EXTENSIONS_DIR holding the built deepspeed_shm_comm op, bind-mounted read-only (an Apptainer/SquashFS
+    image, a read-only software stack; a folder another user built with umask 022 is the same to os.access): a 1-rank
+    start loads the op from its library and trains (before: torch's lock, `OSError: [Errno 30] Read-only file
+    system: '.../deepspeed_shm_comm/lock'`, at every start; review F4). Needs root's `unshare -m` to mount: skipped
+    elsewhere. The other-user case is not run (tests run as root, whom permissions do not stop)."""
+    import subprocess
+
+    from test_trainer_multiproc import command, make_config
+
+    built = ext_lock.build_dir(OP)
+    if not (built / f"{OP}.so").is_file():
+        pytest.skip(f"{OP} is not built in {built} (python -m trainer.build_ops builds it)")
+    if not _can_mount_read_only(tmp_path):
+        pytest.skip("cannot bind-mount read-only here (needs root and unshare -m)")
+    ext = tmp_path / "ext"
+    shutil.copytree(built, ext / OP, ignore=shutil.ignore_patterns("lock", ext_lock._GUARD))  # mtimes kept
+    cfg = make_config(tmp_path, "run", train={"steps": 2, "eval_every": 0},
+                      checkpoint={"every_steps": 0, "save_at_end": False},
+                      objective={"name": "standin", "options": {"record_samples": False}})
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(ext), OMP_NUM_THREADS="1")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"', str(ext),
+                           *command(cfg, 1)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"note: {ext / OP} is not writable by this user: loaded the built {OP} op" in proc.stderr
+    assert "train step 2" in proc.stdout
+    assert not (ext / OP / "lock").exists()
+
+
+def test_an_unwritable_folder_whose_op_is_unbuilt_or_out_of_date_stops_with_one_line(tmp_path):
+    src = tmp_path / "src.cpp"
+    src.write_text("")
+    folder = tmp_path / "ext" / OP
+    folder.mkdir(parents=True)
+    with pytest.raises(ext_lock.ExtensionFolderError, match="is not built there"):
+        ext_lock.readonly_build(folder, OP, [str(src)], ["-O2"])
+    (folder / "build.ninja").write_text(f"cflags = -DX -O2 -fopenmp\nbuild a.o: compile {src}\n")
+    (folder / f"{OP}.so").write_bytes(b"")
+    assert ext_lock.readonly_build(folder, OP, [str(src)], ["-O2", "-fopenmp"]) == folder / f"{OP}.so"
+    with pytest.raises(ext_lock.ExtensionFolderError, match="other sources"):
+        ext_lock.readonly_build(folder, OP, [str(tmp_path / "elsewhere.cpp")], ["-O2"])
+    with pytest.raises(ext_lock.ExtensionFolderError, match="other flags .*-D__AVX512__"):
+        ext_lock.readonly_build(folder, OP, [str(src)], ["-O2", "-D__AVX512__"])
+    later = time.time() + 60
+    os.utime(src, (later, later))
+    with pytest.raises(ext_lock.ExtensionFolderError, match="a source is newer") as err:
+        ext_lock.readonly_build(folder, OP, [str(src)], ["-O2"])
+    assert "TORCH_EXTENSIONS_DIR" in err.value.one_line and "trainer.build_ops" in err.value.one_line
+
+
+def test_no_home_or_an_unwritable_one_stops_with_one_line_naming_torch_extensions_dir(tmp_path, monkeypatch):
+    """No HOME and no passwd entry: torch would create a literal './~/.cache' in the working folder; a HOME where
+    .cache cannot be created (a file here, as root writes a read-only one): a raw makedirs traceback (review F4)."""
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home-is-a-file"))
+    (tmp_path / "home-is-a-file").write_text("")
+    with pytest.raises(ext_lock.ExtensionFolderError, match="cannot create torch's extensions folder.*"
+                                                             "set TORCH_EXTENSIONS_DIR"):
+        ext_lock.build_dir(OP)
+    monkeypatch.delenv("HOME")
+    monkeypatch.setattr(os.path, "expanduser", lambda p: p)  # what it returns without HOME and a passwd entry
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ext_lock.ExtensionFolderError, match="no home directory.*set TORCH_EXTENSIONS_DIR"):
+        ext_lock.build_dir(OP)
+    assert not (tmp_path / "~").exists()

@@ -22,6 +22,14 @@ at the lock, so that of several ranks on a node finding the same stale lock, one
 fresh lock another rank's load takes right after. Another node sharing the extensions folder is seen only through
 the lock's age (and where ``flock`` works on that filesystem).
 
+A built op in a folder this process cannot write (a read-only image or software stack, a folder another user built
+with umask 022) cannot go through torch at all: torch creates the lock and runs ninja there at every load. Such an
+op is loaded from its library directly instead (``readonly_build``, used by ``trainer.engine``), when its
+``build.ninja`` shows it was built from this DeepSpeed's sources with this op's flags and no source is newer than the
+library (what ninja would rebuild for, headers apart); otherwise the start stops with one line naming
+``TORCH_EXTENSIONS_DIR``. ``build_dir`` likewise stops with one line where torch's default folder cannot be created
+(a read-only HOME; no HOME and no passwd entry, where torch would create a literal ``./~/.cache``).
+
 Standard library only, apart from torch's naming of the build folder (``build_dir``).
 """
 from __future__ import annotations
@@ -47,6 +55,11 @@ class ExtensionLockError(RuntimeError):
         return str(self)
 
 
+class ExtensionFolderError(ExtensionLockError):
+    """The extensions folder cannot be used by this process (not creatable, or not writable and the op not built
+    there as this start needs it); the message names TORCH_EXTENSIONS_DIR and what to do."""
+
+
 class ExtensionLockWaitStopped(RuntimeError):
     """SIGTERM/SIGUSR1 came while this start waited on another process's build lock."""
 
@@ -70,7 +83,61 @@ def build_dir(op: str) -> Path:
     (TORCH_EXTENSIONS_DIR, else torch's default root with its ``py311_cpu``-style subfolder; it creates the folder, as
     the load would)."""
     from torch.utils.cpp_extension import _get_build_directory
-    return Path(_get_build_directory(op, verbose=False))
+    fix = ("set TORCH_EXTENSIONS_DIR to a folder this user can write (and run `python -m trainer.build_ops` with it "
+           "set, so that no job compiles at start)")
+    if not os.environ.get("TORCH_EXTENSIONS_DIR") and os.path.expanduser("~") == "~":
+        raise ExtensionFolderError(f"no home directory (HOME unset and no passwd entry for uid {os.getuid()}): torch "
+                                   f"would build its extension {op!r} under a literal './~/.cache' here; {fix}")
+    try:
+        return Path(_get_build_directory(op, verbose=False))
+    except OSError as err:
+        raise ExtensionFolderError(f"cannot create torch's extensions folder for {op!r} ({err}); {fix}") from None
+
+
+def writable(folder: Path) -> bool:
+    """True when this process may create files in ``folder`` (torch creates its lock there at every load)."""
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def _ninja_build(folder: Path) -> tuple[list[str], str]:
+    """(sources, cflags) that ``folder/build.ninja`` compiles: ``build x.o: compile SRC`` lines, ``cflags = ...``."""
+    sources, cflags = [], ""
+    for line in (folder / "build.ninja").read_text(encoding="utf-8").splitlines():
+        if line.startswith("build ") and ": compile " in line:
+            sources.append(line.split(": compile ", 1)[1].strip())
+        elif line.startswith("cflags = "):
+            cflags = line[len("cflags = "):]
+    return sources, cflags
+
+
+def readonly_build(folder: Path, op: str, sources: list[str], cxx_args: list[str]) -> Path:
+    """The built library of ``op`` in ``folder``, which this process cannot write, to be loaded directly: checked as
+    ninja would check it (built from ``sources``, the op's current absolute source paths, with every flag of
+    ``cxx_args``, and no source newer than the library; headers are not checked). Raises ``ExtensionFolderError``
+    naming what is wrong and what to do."""
+    root = folder.parent
+    fix = (f"run `python -m trainer.build_ops` as a user who can write {root} (its owner), or set TORCH_EXTENSIONS_DIR "
+           "to a folder this user can write (each user or team its own)")
+    library = built_library(folder, op)
+    if library is None or not (folder / "build.ninja").is_file():
+        raise ExtensionFolderError(f"{folder}: this user cannot write the extensions folder and the torch extension "
+                                   f"{op!r} is not built there, so torch cannot build or even load it; {fix}")
+    built_from, cflags = _ninja_build(folder)
+    flags = set(cflags.split())
+    why = ""
+    if sorted(built_from) != sorted(sources):
+        why = f"it was built from other sources ({', '.join(built_from)}; another DeepSpeed install)"
+    elif not all(f in flags for f in cxx_args):
+        why = f"it was built with other flags (this node needs {' '.join(cxx_args)}; another CPU type?)"
+    else:
+        built = library.stat().st_mtime
+        newer = [s for s in sources if not os.path.exists(s) or os.path.getmtime(s) > built]
+        if newer:
+            why = f"a source is newer than {library.name} ({newer[0]})"
+    if why:
+        raise ExtensionFolderError(f"{folder}: this user cannot write the extensions folder and the torch extension "
+                                   f"{op!r} there is out of date: {why}; {fix}")
+    return library
 
 
 def built_library(folder: Path, op: str) -> Path | None:
