@@ -20,6 +20,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trainer.config_error import ConfigError  # noqa: F401 (defined apart, re-exported here: see that module)
 from trainer.data.config import DataConfig
 from trainer.ds_json import ds_config_path, grad_accum_problem, offload_problem, precision, read_ds_json
 from trainer.finetune.downstream import EvalConfig
@@ -29,10 +30,6 @@ from trainer.objectives import ObjectiveConfig, check_data_requirements
 from trainer.optim.config import OptimConfig, ScheduleConfig
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message names the file, the dotted key and what to do."""
 
 
 class _Section(BaseModel):

@@ -115,7 +115,7 @@ def with_metrics(spec: TaskSpec, metrics) -> TaskSpec:
     ELECTRA select MRPC and QQP by accuracy, GLUE's list puts F1 first); metrics that cannot apply are refused."""
     from dataclasses import replace
 
-    from trainer.config import ConfigError
+    from trainer.config_error import ConfigError
     kind = "a regression" if spec.is_regression else "classification"
     bad = [m for m in metrics if (m in ("pearson", "spearman")) != spec.is_regression]
     if bad:
@@ -132,7 +132,7 @@ def with_metrics(spec: TaskSpec, metrics) -> TaskSpec:
 
 def check_ranking(spec: TaskSpec) -> TaskSpec:
     """A tsv/jsonl spec whose ranking metrics can apply: they need classes (the second is a correct answer)."""
-    from trainer.config import ConfigError
+    from trainer.config_error import ConfigError
     if spec.is_regression and any(m in ("mrr", "mrr_answerable") for m in spec.metrics):
         raise ConfigError("task.metrics: mrr ranks by the score of the second of task.labels; list the labels "
                           "(e.g. [0, 1])")
