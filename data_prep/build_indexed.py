@@ -65,7 +65,7 @@ from pathlib import Path
 import numpy as np
 
 from data_prep import manifest as mf
-from data_prep import prep_lock, sources
+from data_prep import prefix_names, prep_lock, sources
 from data_prep.prep_work import (Piece, Settings, World, auto_chunk_bytes, finalize, finished_pieces, plan_identity,
                                  plan_pieces, prepare_workdir, record_name, same_unfinished_run, up_to_date,
                                  write_json_atomic)
@@ -379,6 +379,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         # the files would be DIR/.manifest.json (hidden) and DIR/_00000.bin: a corpus nothing can name
         ap.error(f"--output-prefix {prefix!r} names a folder; give FOLDER/NAME, e.g. "
                  f"{os.path.join(prefix, 'corpus')} (writes corpus_00000.bin/.idx ... and corpus.manifest.json)")
+    if message := prefix_names.too_long(prefix):  # the trainer's cache names hold NAME too
+        ap.error(message)
     if not (math.isfinite(args.lock_stale_s) and args.lock_stale_s > 0):
         ap.error(f"--lock-stale-s {args.lock_stale_s}: must be a positive number of seconds")
     for key in ("chunk_size_mb", "shard_size_mb", "max_line_mb", "max_document_mb"):

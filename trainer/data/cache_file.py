@@ -29,6 +29,12 @@ whose build raises leaves ``NAME.failed.json`` (its error, rank, host and launch
 of the same launch check for it at every poll (at most 2 s apart) and stop with that error (``BuildFailed``) instead
 of waiting out ``timeout`` (1 h by default). The next builder removes it before building.
 
+Names: a cache file's name holds its corpus's name (``index-NAME-FORMAT-KEY.bfc``), and its temporaries and failure
+note add ~60 bytes plus the host name to it. Where that passes ``NAME_MAX`` (255 bytes: a 200-byte corpus name), they
+are named after the file's first bytes and a hash of its whole name instead (``fit_name``), since ENAMETOOLONG after
+the corpus was built was a raw traceback (found by review); ``build_indexed`` refuses a corpus name whose cache files
+themselves would not fit (data_prep/prefix_names.py).
+
 A builder that cannot write the cache folder (a corpus on a read-only mount with the default ``index_cache/`` beside
 it, a folder without write permission) stops with ``CacheNotWritable``: the folder, ``data.cache_dir`` and the
 command that prebuilds the file, instead of a bare ``OSError``.
@@ -57,6 +63,21 @@ MAGIC = b"BFCACHE\0"
 FORMAT_VERSION = 1
 HEADER_SPACE = 4096
 ALIGN = 64
+
+
+NAME_MAX = 255
+"""The longest file name, in bytes, on Linux filesystems (ext4, XFS, Lustre, NFS, most FUSE mounts)."""
+
+
+def fit_name(name: str, extra: int) -> str:
+    """``name``, or, when ``name`` and ``extra`` more bytes would pass ``NAME_MAX``, its first bytes, ``~`` and 16 hex
+    digits of its hash: what the temporaries and notes of a file with a long name are named after. The hash keeps
+    two long names with one beginning apart."""
+    raw = os.fsencode(name)
+    if len(raw) + extra <= NAME_MAX:
+        return name
+    head = os.fsdecode(raw[:max(0, NAME_MAX - extra - 17)])  # a cut UTF-8 character stays these bytes (surrogates)
+    return f"{head}~{hashlib.sha256(raw).hexdigest()[:16]}"
 
 
 class CacheInvalid(Exception):
@@ -164,7 +185,7 @@ def launch_id() -> str:
 def failure_note_path(path: str | os.PathLike) -> Path:
     """Where a failed builder leaves its error for the ranks waiting on ``path``: ``NAME.failed.json``."""
     path = Path(path)
-    return path.with_name(path.name + ".failed.json")
+    return path.with_name(fit_name(path.name, len(".failed.json")) + ".failed.json")
 
 
 def _write_failure_note(note: Path, key: str, what: str, err: BaseException) -> None:
@@ -173,7 +194,8 @@ def _write_failure_note(note: Path, key: str, what: str, err: BaseException) -> 
     text = json.dumps({"key": key, "what": what, "launch": launch_id(), "rank": launcher_rank(),
                        "host": socket.gethostname(), "pid": os.getpid(), "time": time.time(),
                        "error": f"{type(err).__name__}: {err}"})
-    tmp = note.with_name(f".{note.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    tail = f".tmp-{socket.gethostname()}-{os.getpid()}"
+    tmp = note.with_name(f".{fit_name(note.name, 1 + len(os.fsencode(tail)))}{tail}")
     try:
         note.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text)
@@ -212,6 +234,11 @@ class CacheWriter:
 
     def __init__(self, path: str | os.PathLike, kind: str, key: str, arrays: list[tuple[str, str, tuple]]):
         self.path = Path(path)
+        if len(os.fsencode(self.path.name)) > NAME_MAX:  # a corpus built before build_indexed refused such names
+            raise OSError(errno.ENAMETOOLONG, f"cannot write the cache file {self.path.name}: its name is "
+                          f"{len(os.fsencode(self.path.name))} bytes, more than filesystems allow ({NAME_MAX}, "
+                          "NAME_MAX). It holds the corpus's name: rebuild the corpus under a shorter --output-prefix "
+                          "name (build_indexed now refuses such a name, saying how long it may be)", str(self.path))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temporaries(self.path)
         self.tmp = self.path.parent / f"{_tmp_prefix(self.path)}{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -278,9 +305,16 @@ class CacheWriter:
 def _tmp_prefix(path: Path) -> str:
     """``.NAME.tmp-HOST-MACHINE-``: a builder's temporaries name its host and, as a hash of the boot id and the pid
     namespace, the machine and container whose pids it can check (``_remove_stale_temporaries``)."""
+    return "".join(_tmp_parts(path))
+
+
+def _tmp_parts(path: Path) -> tuple[str, str]:
+    """``_tmp_prefix`` as (``.NAME``, ``.tmp-HOST-MACHINE-``). A long NAME is cut and hashed (``fit_name``) so that the
+    whole name, with the pid (up to 10 digits) and ``-RANDOM8`` after it, fits in ``NAME_MAX``."""
     from trainer.run_lock import _boot_id, _pid_ns
     machine = hashlib.sha256(f"{_boot_id()}/{_pid_ns()}".encode()).hexdigest()[:8]
-    return f".{path.name}.tmp-{socket.gethostname()}-{machine}-"
+    tail = f".tmp-{socket.gethostname()}-{machine}-"
+    return "." + fit_name(path.name, 1 + len(os.fsencode(tail)) + 10 + 9), tail
 
 
 def _remove_stale_temporaries(path: Path) -> None:
@@ -291,9 +325,10 @@ def _remove_stale_temporaries(path: Path) -> None:
 
     Temporaries named before the machine was (``.NAME.tmp-HOST-PID-XXXXXXXX``, by builders of the code before
     2026-12-05) are judged by host and pid as they were then: else a killed old builder's gigabytes stayed forever."""
-    prefix = _tmp_prefix(path)
+    stem, tail = _tmp_parts(path)  # stem: .NAME, or .CUT~HASH for a long one
+    prefix = stem + tail
     old = re.compile(rf"\.{re.escape(path.name)}\.tmp-{re.escape(socket.gethostname())}-(\d+)-[0-9a-f]{{8}}")
-    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
+    for tmp in path.parent.glob(f"{glob_escape(stem)}.tmp-*"):
         try:
             if tmp.name.startswith(prefix):
                 pid = int(tmp.name[len(prefix):].split("-")[0])
