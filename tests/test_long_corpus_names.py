@@ -81,3 +81,20 @@ def test_build_indexed_refuses_a_name_its_files_would_not_fit_and_takes_200_byte
         err = capsys.readouterr().err
         assert (f"its name is {size} bytes, 1 too many: the files made from it must fit the filesystem's limit of 255 "
                 "bytes per file name (NAME_MAX)") in err and "Give a name of at most 200 bytes" in err, err
+
+
+def test_a_200_byte_corpus_trains_its_sample_index_is_built_with_its_description(tmp_path):
+    """The sample index's description (``NAME.json`` beside it) had its own temporary name, which passed NAME_MAX for
+    this corpus: the corpus cache and the index built, then ENAMETOOLONG (found after the fix above)."""
+    from test_samples import write_shards
+    from trainer.data.corpus import IndexedCorpus
+    from trainer.data.sample_index import load_or_build
+
+    docs = [[[10 + d, 11, 12], [13, 14]] for d in range(20)]
+    prefix = write_shards(docs, tmp_path / NAME, vocab_size=100)
+    policy = cache_file.CachePolicy(tmp_path / "cache")
+    corpus = IndexedCorpus(prefix, policy)
+    for fmt in ("doc-sentences", "full-sentences"):
+        index = load_or_build(corpus, fmt, 64, 0.1, 1, False, policy)
+        assert index.path.exists() and index.path.with_name(index.path.name + ".json").exists()
+    assert max(_names(tmp_path / "cache")) <= 255

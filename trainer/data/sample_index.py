@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache_file import CachePolicy, CacheWriter, code_hash, ensure, settings_hash  # noqa: F401 (settings_hash re-exported)
+from .cache_file import CachePolicy, CacheWriter, code_hash, ensure, fit_name, settings_hash  # noqa: F401 (settings_hash re-exported)
 from .corpus import IndexedCorpus, idx_arrays, idx_header
 from .heldout import ROLES, held_out_mask, shard_key
 from .order import M64, mix64
@@ -260,7 +260,8 @@ def _write_description(path: Path, settings: dict) -> None:
     """``NAME.json`` beside a cache file: what it was built from, for people (nothing reads it back)."""
     # HOST-PID-RANDOM: two builders with one pid (two pods) wrote and renamed one `.NAME.json.tmpPID`, and the
     # second rename failed with FileNotFoundError
-    tmp = path.with_name(f".{path.name}.json.tmp-{_builder_id()}")
+    suffix = f".json.tmp-{_builder_id()}"
+    tmp = path.with_name(f".{fit_name(path.name, len(os.fsencode(suffix)) + 1)}{suffix}")  # a long corpus name
     try:
         tmp.write_text(json.dumps(settings, indent=1, sort_keys=True))
         os.replace(tmp, path.with_name(path.name + ".json"))
