@@ -16,7 +16,8 @@ not interleave with the trainer's own line writes on a local or Lustre filesyste
 clients, so writers on different machines can overwrite or interleave each other's lines there): a reader that sees
 the record finds everything else done. The runner writes the child's exit status to ``finetune.exit`` in the task's
 folder, and a failure (non-zero exit, a program that cannot start) to metrics.jsonl (``"split": "downstream_failed"``
-with the reason): both records are written whether or not the trainer still runs. Rank 0 polls its runners once per
+with the reason) and removes the copy (nothing retries it; ``downstream_copy.py`` says what a copy holds): both
+records are written whether or not the trainer still runs. Rank 0 polls its runners once per
 step (no blocking) and prints each finished score or names the log of a failed one; a wrong ``command_prefix`` (no
 such program) is said and recorded at once, and pretraining goes on.
 
@@ -59,7 +60,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trainer.finetune.downstream_runner import (EXIT_FILE, Job, Runner, _boot_id, _exit_code,  # noqa: F401
                                                 _record_failure, _unfinished, _write_atomic, alive, copy_checkpoint,
-                                                process_start, report, run_chain, score_record)
+                                                process_start, read_score, removed_copy, report, run_chain,
+                                                score_record)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUEUE_FILE = "queue.json"
@@ -248,7 +250,7 @@ class DownstreamLauncher:
         for t in self.cfg.downstream:
             if step % t.every_steps == 0:
                 dest = self.run_dir / "downstream" / tag_dir.name / _slug(t.task)
-                job = Job(t.task, t.data, step, dest / tag_dir.name)
+                job = Job(t.task, t.data, step, dest / tag_dir.name, origin=Path(tag_dir))
                 try:
                     copy_checkpoint(tag_dir, dest, links_only=not start)
                 except OSError as err:  # shutil.Error too; on rank 0 only: raised, it would end the pretraining
@@ -285,7 +287,8 @@ class DownstreamLauncher:
             if shutil.which(cmd[0]) is None:
                 self._cannot_start(job, cmd, f"could not start {cmd[0]!r}: no such program")
             else:
-                runnable.append({"task": job.task, "step": job.step, "copy": str(job.copy), "cmd": cmd})
+                runnable.append({"task": job.task, "step": job.step, "copy": str(job.copy), "cmd": cmd,
+                                 "origin": str(job.origin) if job.origin else None})
         jobs = [j for j in jobs if any(r["step"] == j.step for r in runnable)]
         if not jobs:
             return None
@@ -337,15 +340,15 @@ class DownstreamLauncher:
             for job in runner.jobs:  # the runner recorded each failure in metrics.jsonl; the child its score
                 code = _exit_code(job)
                 if code == 0:
-                    score = _read_score(job.out / "finetune" / _task_dir(job.task) / "results.json")
-                    self.say(f"downstream: {job.task} at step {job.step}: {score}")
+                    self.say(f"downstream: {job.task} at step {job.step}: {read_score(job)}")
                 elif code is not None:
                     self.failures += 1
-                    self.say(f"downstream: fine-tuning {job.task} at step {job.step} failed (exit {code}; see "
-                             f"{job.out / 'finetune.log'}); pretraining continues")
-                elif _unfinished(job):
-                    self._failed(job, f"its runner (pid {runner.pid}) ended before it finished; see "
-                                      f"{job.out / 'finetune.log'}")
+                    self.say(f"downstream: fine-tuning {job.task} at step {job.step} failed (exit {code}; "
+                             f"{removed_copy(job.out, job.origin)}); pretraining continues")
+                elif _unfinished(job):  # removed from queue.json: nothing runs it again
+                    shutil.rmtree(job.copy, ignore_errors=True)
+                    self._failed(job, f"its runner (pid {runner.pid}) ended before it finished; "
+                                      f"{removed_copy(job.out, job.origin)}")
         changed = len(still) != len(self.running)
         self.running = still
         return changed
@@ -355,8 +358,8 @@ class DownstreamLauncher:
             (job.out / "finetune.log").write_text(f"{reason}\ncommand: {' '.join(cmd)}\n")
         except OSError:
             pass
-        self._failed(job, reason)
         shutil.rmtree(job.copy, ignore_errors=True)  # no child will read it
+        self._failed(job, f"{reason}; {removed_copy(job.out, job.origin)}")
 
     def _failed(self, job: Job, reason: str) -> None:
         """Say that a fine-tuning failed and why, and append a ``"split": "downstream_failed"`` record with the reason
@@ -478,19 +481,6 @@ def _listing(queued: list[Job]) -> str:
 
 def _slug(task: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in task.lower())
-
-
-def _task_dir(task: str) -> str:
-    from trainer.finetune.tasks import ALIASES
-    return ALIASES.get(task.lower(), task.lower())
-
-
-def _read_score(path: Path) -> str:
-    try:
-        rec = json.loads(path.read_text())
-        return " ".join(f"{m}={100 * v:.2f}" for m, v in rec["best"][rec["selection_split"]].items())
-    except (OSError, ValueError, KeyError) as err:
-        return f"(no readable results at {path}: {err})"
 
 
 if __name__ == "__main__":

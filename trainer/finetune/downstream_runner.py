@@ -22,13 +22,15 @@ EXIT_FILE = "finetune.exit"
 class Job:
     """One fine-tuning: ``task`` and ``data`` name the ``eval.downstream`` entry, ``copy`` the checkpoint copy the
     child reads (its folder ``copy.parent`` gets finetune.log, finetune/ and ``EXIT_FILE``). ``source``: the original
-    checkpoint when the copy is not made yet (a preemption whose hard links failed: the next launch copies it)."""
+    checkpoint when the copy is not made yet (a preemption whose hard links failed: the next launch copies it);
+    ``origin``: the original checkpoint (None in queue.json rows written before it was recorded)."""
 
     task: str
     data: str
     step: int
     copy: Path
     source: Path | None = None
+    origin: Path | None = None
 
     @property
     def out(self) -> Path:
@@ -36,14 +38,15 @@ class Job:
 
     def row(self) -> dict:
         row = {"task": self.task, "data": self.data, "step": self.step, "copy": str(self.copy)}
-        if self.source is not None:
-            row["source"] = str(self.source)
+        for key in ("source", "origin"):
+            if getattr(self, key) is not None:
+                row[key] = str(getattr(self, key))
         return row
 
     @classmethod
     def from_row(cls, row: dict) -> Job:
         return cls(row["task"], row["data"], int(row["step"]), Path(row["copy"]),
-                   Path(row["source"]) if row.get("source") else None)
+                   *(Path(row[key]) if row.get(key) else None for key in ("source", "origin")))
 
 
 @dataclass
@@ -114,11 +117,23 @@ def _record_failure(run_dir: Path, task: str, step: int, reason: str, say=print)
         say(f"downstream: could not record that failure in {run_dir / 'metrics.jsonl'}: {err}")
 
 
+def removed_copy(out: Path, origin: str | Path | None) -> str:
+    """What a failed fine-tuning leaves, for its failure message and record. Nothing runs a failed fine-tuning again
+    (only those whose runner died before writing an exit status: their copies stay for that), so its copy is
+    removed. Kept, a run whose fine-tunings all fail leaked one per due step (review: 68 MB of copies beside 10 MB of
+    checkpoints; ~5 GB each for RoBERTa-large)."""
+    again = f"fine-tune {origin} by hand while checkpoint.keep_last keeps it" if origin else \
+        "fine-tune its checkpoint by hand while checkpoint.keep_last keeps it"
+    return (f"its checkpoint copy was removed; {out} keeps finetune.log, {EXIT_FILE} and what finetune/ got (kB); to "
+            f"retry, {again}")
+
+
 def run_chain(spec: dict) -> int:
     """The runner: wait for the processes of ``spec["wait"]`` (pid and start time) to end, then run each
     fine-tuning one after another; a child's exit status goes to its folder's ``EXIT_FILE``, and a failure (a
     non-zero exit, a program that cannot start) to metrics.jsonl as ``"split": "downstream_failed"`` (the child
-    appends its score itself). It outlives the trainer, so the record does not depend on it."""
+    appends its score itself), its copy removed (``removed_copy``: the child's ``--cleanup`` removes it on success
+    only). It outlives the trainer, so the record does not depend on it."""
     run_dir = Path(spec["run_dir"])
     for pid, start, boot in spec["wait"]:
         while boot == _boot_id() and alive(pid, start):
@@ -135,14 +150,25 @@ def run_chain(spec: dict) -> int:
                 (out / "finetune.log").write_text(f"{reason}\ncommand: {' '.join(cmd)}\n")
             except OSError:
                 pass
-            shutil.rmtree(job["copy"], ignore_errors=True)
         if code != 0:
-            _record_failure(run_dir, job["task"], job["step"], reason)
+            shutil.rmtree(job["copy"], ignore_errors=True)
+            _record_failure(run_dir, job["task"], job["step"], f"{reason}; {removed_copy(out, job.get('origin'))}")
         try:
             (out / EXIT_FILE).write_text(f"{code}\n")
         except OSError:
             pass
     return 0
+
+
+def read_score(job: Job) -> str:
+    """A finished fine-tuning's best scores, as the launcher prints them."""
+    from trainer.finetune.tasks import ALIASES
+    path = job.out / "finetune" / ALIASES.get(job.task.lower(), job.task.lower()) / "results.json"
+    try:
+        rec = json.loads(path.read_text())
+        return " ".join(f"{m}={100 * v:.2f}" for m, v in rec["best"][rec["selection_split"]].items())
+    except (OSError, ValueError, KeyError) as err:
+        return f"(no readable results at {path}: {err})"
 
 
 def score_record(summary: dict) -> dict:
@@ -187,8 +213,11 @@ def _append_record(run_dir: Path, rec: dict) -> None:
 
 
 def copy_checkpoint(tag_dir: Path, dest: Path, links_only: bool = False) -> Path:
-    """``dest/<tag>``: hard links of the checkpoint's files (a copy where links fail); no universal/ subfolder. With
-    ``links_only`` a file that cannot be linked raises OSError (the partial copy removed) instead of being copied."""
+    """``dest/<tag>``: hard links of the checkpoint's files that a fine-tuning reads (a copy where links fail): no
+    universal/ subfolder, no RNG states, no optimizer files where the model states hold the fp32 weights
+    (``downstream_copy.not_copied``). With ``links_only`` a file that cannot be linked raises OSError (the partial
+    copy removed) instead of being copied."""
+    from trainer.finetune.downstream_copy import not_copied
     target = dest / Path(tag_dir).name
     if target.exists():
         shutil.rmtree(target)
@@ -203,7 +232,7 @@ def copy_checkpoint(tag_dir: Path, dest: Path, links_only: bool = False) -> Path
             shutil.copy2(src, dst)
     try:
         shutil.copytree(tag_dir, target, copy_function=link,
-                        ignore=shutil.ignore_patterns("universal", ".universal*"))
+                        ignore=shutil.ignore_patterns(*not_copied(tag_dir)))
     except (OSError, shutil.Error):
         shutil.rmtree(target, ignore_errors=True)
         if links_only:
