@@ -5,8 +5,9 @@
         - {task: rte, data: glue_data/RTE, every_steps: 10000, set: [optim.lr=3e-5]}
 
 At step s (a multiple of ``every_steps``) the run saves a checkpoint (if that step has none yet), and rank 0 copies it
-to ``RUN_DIR/downstream/global_step<s>/<task>/`` as hard links (no extra disk; the copy survives keep-last pruning of
-the original; a plain copy where hard links are impossible) and starts a runner (``python -m
+to ``RUN_DIR/downstream/global_step<s>-<run id>/<task>/`` as hard links (``downstream_copy.py``: the run id keeps a
+roll-back's lineages apart; no extra disk; the copy survives keep-last pruning of the original; a plain copy where
+hard links are impossible) and starts a runner (``python -m
 trainer.finetune.downstream --runner``, a new process session with the launcher's rank variables removed), which
 starts ``python -m trainer.finetune`` on the copy, so it is a 1-process job of its own and the pretraining ranks never
 wait for it. The child deletes its copy, writes TensorBoard (``downstream/<task>_<metric>``, its own event file in
@@ -58,6 +59,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainer.finetune.downstream_copy import abandoned, job_folder, run_id_of
 from trainer.finetune.downstream_runner import (EXIT_FILE, Job, Runner, _boot_id, _exit_code,  # noqa: F401
                                                 _record_failure, _unfinished, _write_atomic, alive, copy_checkpoint,
                                                 process_start, read_score, removed_copy, report, run_chain,
@@ -172,7 +174,8 @@ class DownstreamLauncher:
             return False
 
     def _load_queue(self) -> None:
-        """What an earlier launch of this run left: its runners still alive keep their slots (polled like ours);
+        """What an earlier launch of this run left: its runners still alive keep their slots (polled like ours); a
+        fine-tuning of a checkpoint a roll-back moved aside (``checkpoints/abandoned-*/``) is dropped (said, counted);
         the fine-tunings of a runner that died before finishing them (killed with a Slurm job) and those never
         started are queued again (started by the next ``poll``) when ``eval.downstream`` still names the task;
         otherwise said and their copies removed."""
@@ -197,7 +200,14 @@ class DownstreamLauncher:
             else:
                 rows += [j for j in runner.jobs if _unfinished(j)]
         rows += queued
-        for job in rows:
+        gone = [(j, aside) for j in rows if (aside := abandoned(self.run_dir, j.origin, (j.source or j.copy).name,
+                                                                 j.run_id or run_id_of(j.source or j.copy)))]
+        for job, aside in gone:  # a roll-back moved their checkpoints aside (before this launcher was made)
+            shutil.rmtree(job.copy, ignore_errors=True)
+        if gone:
+            self.say(f"downstream: dropped {len(gone)} queued fine-tuning(s) of an abandoned lineage ("
+                     f"{_listing([j for j, _ in gone])}): a roll-back moved their checkpoints aside ({gone[0][1]}...)")
+        for job in (j for j in rows if all(j is not g for g, _ in gone)):
             task = self._task(job)
             why = None
             if task is None:
@@ -249,8 +259,9 @@ class DownstreamLauncher:
             return
         for t in self.cfg.downstream:
             if step % t.every_steps == 0:
-                dest = self.run_dir / "downstream" / tag_dir.name / _slug(t.task)
-                job = Job(t.task, t.data, step, dest / tag_dir.name, origin=Path(tag_dir))
+                run_id = run_id_of(tag_dir)  # in the path: a roll-back's new lineage has a step s of its own
+                dest = job_folder(self.run_dir, tag_dir.name, t.task, run_id)
+                job = Job(t.task, t.data, step, dest / tag_dir.name, origin=Path(tag_dir), run_id=run_id)
                 try:
                     copy_checkpoint(tag_dir, dest, links_only=not start)
                 except OSError as err:  # shutil.Error too; on rank 0 only: raised, it would end the pretraining
@@ -288,7 +299,7 @@ class DownstreamLauncher:
                 self._cannot_start(job, cmd, f"could not start {cmd[0]!r}: no such program")
             else:
                 runnable.append({"task": job.task, "step": job.step, "copy": str(job.copy), "cmd": cmd,
-                                 "origin": str(job.origin) if job.origin else None})
+                                 "origin": str(job.origin) if job.origin else None, "run_id": job.run_id})
         jobs = [j for j in jobs if any(r["step"] == j.step for r in runnable)]
         if not jobs:
             return None
@@ -366,7 +377,7 @@ class DownstreamLauncher:
         to metrics.jsonl (``report``'s one O_APPEND write)."""
         self.failures += 1
         self.say(f"downstream: fine-tuning {job.task} at step {job.step} failed ({reason}); pretraining continues")
-        _record_failure(self.run_dir, job.task, job.step, reason, self.say)
+        _record_failure(self.run_dir, job.task, job.step, reason, self.say, job.run_id)
 
     def finish(self) -> None:
         """End of the pretraining: start what is still queued, never waiting for children and keeping
@@ -477,10 +488,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _listing(queued: list[Job]) -> str:
     return ", ".join(f"{j.task} at step {j.step}" for j in queued)
-
-
-def _slug(task: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in task.lower())
 
 
 if __name__ == "__main__":

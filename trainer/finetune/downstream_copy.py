@@ -1,6 +1,13 @@
-"""What the checkpoint copy of a downstream fine-tuning holds (``eval.downstream``, trainer/finetune/downstream.py).
-A module of its own because downstream.py sits at the 500-line limit and downstream_runner.py holds the runner's
-loop; standard library only at import time (the launcher side must not import torch or deepspeed).
+"""Where a downstream fine-tuning's files live, what its checkpoint copy holds, and which queued ones a roll-back
+abandoned (``eval.downstream``, trainer/finetune/downstream.py). A module of its own because downstream.py sits at
+the 500-line limit and downstream_runner.py holds the runner's loop; standard library only at import time (the
+launcher side must not import torch or deepspeed).
+
+Folder of a fine-tuning of step s: ``RUN_DIR/downstream/global_step<s>-<run id>/<task>/`` (finetune.log,
+``finetune.exit``, finetune/ and the copy ``global_step<s>/``), the run id being the checkpoint's ``bertfamily.json``
+``run_id``. A roll-back starts a new run id, so the abandoned lineage's fine-tuning of step s and the new lineage's
+never share a folder (they did: the first to end deleted the copy the other read, and the second overwrote the
+first's finetune.log). A checkpoint saved without a run id keeps ``global_step<s>/<task>/``.
 
 The copy holds what ``trainer.finetune.model.load_source`` reads, hard-linked: ``bertfamily.json`` (the run's config;
 the tokenizer is the one the config names, never in the checkpoint) and the weights. DeepSpeed's RNG states
@@ -18,6 +25,8 @@ from pathlib import Path
 
 STATE_FILE = "bertfamily.json"
 """trainer.checkpoint.STATE_FILE (not imported: trainer.checkpoint imports torch)."""
+ABANDONED = "abandoned-"
+"""trainer.checkpoint.ABANDONED: a roll-back moves newer checkpoints into ``<checkpoints>/abandoned-<stamp>-<id>/``."""
 NEVER_COPIED = ("universal", ".universal*", "rng_rank*.pt")
 OPTIMIZER_FILES = "*optim_states.pt"
 
@@ -31,6 +40,24 @@ def read_state(tag_dir: Path) -> dict:
     return state if isinstance(state, dict) else {}
 
 
+def run_id_of(tag_dir: Path) -> str | None:
+    run_id = read_state(tag_dir).get("run_id")
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+def job_folder(run_dir: Path, tag_name: str, task: str, run_id: str | None) -> Path:
+    """``RUN_DIR/downstream/<tag>-<run id>/<task>`` (``<tag>/<task>`` without a run id; the task name made safe)."""
+    slug = "".join(c if c.isalnum() or c in "-_" else "_" for c in task.lower())
+    return Path(run_dir) / "downstream" / (f"{tag_name}-{run_id}" if run_id else tag_name) / slug
+
+
+def run_id_of_copy(copy: Path) -> str | None:
+    """The run id in a copy's path (``job_folder``): how the child's score record gets it after ``--cleanup``
+    removed the copy (and its ``bertfamily.json``) and without a command-line option of ``trainer.finetune``."""
+    tag, _, run_id = Path(copy).parent.parent.name.partition("-")
+    return run_id if tag == Path(copy).name and run_id else None
+
+
 def not_copied(tag_dir: Path) -> tuple[str, ...]:
     """The file patterns of ``tag_dir`` a fine-tuning never reads (module docstring)."""
     state = read_state(tag_dir)
@@ -39,3 +66,15 @@ def not_copied(tag_dir: Path) -> tuple[str, ...]:
         not any(Path(tag_dir).glob("bf16_*optim_states.pt"))
     return NEVER_COPIED + ((OPTIMIZER_FILES,) if weights_in_module else ())
 
+
+def abandoned(run_dir: Path, origin: Path | None, tag_name: str, run_id: str | None) -> Path | None:
+    """Where a roll-back moved the checkpoint a queued fine-tuning was copied from (``<checkpoints>/abandoned-*/<tag>``
+    holding that run id), or None: still of the run's lineage, or pruned by ``keep_last`` (the copy outlives that on
+    purpose), or saved without a run id (no lineage to tell)."""
+    if run_id is None:
+        return None
+    root = Path(origin).parent if origin is not None else Path(run_dir) / "checkpoints"
+    for aside in sorted(root.glob(f"{ABANDONED}*")):
+        if run_id_of(aside / tag_name) == run_id:
+            return aside / tag_name
+    return None

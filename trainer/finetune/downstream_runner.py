@@ -23,7 +23,8 @@ class Job:
     """One fine-tuning: ``task`` and ``data`` name the ``eval.downstream`` entry, ``copy`` the checkpoint copy the
     child reads (its folder ``copy.parent`` gets finetune.log, finetune/ and ``EXIT_FILE``). ``source``: the original
     checkpoint when the copy is not made yet (a preemption whose hard links failed: the next launch copies it);
-    ``origin``: the original checkpoint (None in queue.json rows written before it was recorded)."""
+    ``origin``: the original checkpoint, ``run_id`` its ``bertfamily.json`` run id (None in queue.json rows written
+    before they were recorded; None for a checkpoint saved without one)."""
 
     task: str
     data: str
@@ -31,6 +32,7 @@ class Job:
     copy: Path
     source: Path | None = None
     origin: Path | None = None
+    run_id: str | None = None
 
     @property
     def out(self) -> Path:
@@ -38,7 +40,7 @@ class Job:
 
     def row(self) -> dict:
         row = {"task": self.task, "data": self.data, "step": self.step, "copy": str(self.copy)}
-        for key in ("source", "origin"):
+        for key in ("source", "origin", "run_id"):
             if getattr(self, key) is not None:
                 row[key] = str(getattr(self, key))
         return row
@@ -46,7 +48,7 @@ class Job:
     @classmethod
     def from_row(cls, row: dict) -> Job:
         return cls(row["task"], row["data"], int(row["step"]), Path(row["copy"]),
-                   *(Path(row[key]) if row.get(key) else None for key in ("source", "origin")))
+                   *(Path(row[key]) if row.get(key) else None for key in ("source", "origin")), row.get("run_id"))
 
 
 @dataclass
@@ -109,8 +111,9 @@ def _unfinished(job: Job) -> bool:
     return _exit_code(job) is None and (job.source or job.copy).is_dir()
 
 
-def _record_failure(run_dir: Path, task: str, step: int, reason: str, say=print) -> None:
-    rec = {"step": step, "split": "downstream_failed", "task": task, "error": reason}
+def _record_failure(run_dir: Path, task: str, step: int, reason: str, say=print, run_id: str | None = None) -> None:
+    """``run_id``: the checkpoint's, so a record of an abandoned lineage's step s is told from the new one's."""
+    rec = {"step": step, "split": "downstream_failed", "task": task, "error": reason, "run_id": run_id}
     try:
         _append_record(run_dir, rec)
     except OSError as err:
@@ -152,7 +155,8 @@ def run_chain(spec: dict) -> int:
                 pass
         if code != 0:
             shutil.rmtree(job["copy"], ignore_errors=True)
-            _record_failure(run_dir, job["task"], job["step"], f"{reason}; {removed_copy(out, job.get('origin'))}")
+            _record_failure(run_dir, job["task"], job["step"], f"{reason}; {removed_copy(out, job.get('origin'))}",
+                            run_id=job.get("run_id"))
         try:
             (out / EXIT_FILE).write_text(f"{code}\n")
         except OSError:
@@ -186,8 +190,10 @@ def score_record(summary: dict) -> dict:
 def report(run_dir: str | Path, summary: dict) -> dict:
     """Write the score to TensorBoard, then append it to the pretraining run's metrics.jsonl (one O_APPEND write):
     the record comes last, so a reader that sees it finds the event file complete and closed."""
+    from trainer.finetune.downstream_copy import run_id_of_copy
     run_dir = Path(run_dir)
-    rec = score_record(summary)
+    copy = summary.get("checkpoint")
+    rec = {**score_record(summary), "run_id": run_id_of_copy(Path(copy)) if copy else None}
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
