@@ -235,8 +235,20 @@ bf_stopped() {
 
 # bf_train CONFIG RUN_DIR [trainer args...]: one launch of trainer/pretrain.py over all nodes; sets BF_RC.
 bf_train() {
-    local config=$1 run_dir=$2
+    local config=$1 run_dir=$2 args=() user_resume=""
     shift 2
+    # --resume among the job's arguments (a roll-back, or a start from a checkpoint elsewhere) applies to the job's
+    # first launch; launches after a requeue get the same arguments and continue (--resume auto) instead of rolling
+    # back again (trainer/lineage.py). Kept from --check and build_index, which take no --resume.
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --resume) [ $# -ge 2 ] || bf_die "--resume needs a value: a checkpoint folder, none or auto"
+                      user_resume=$2; shift 2 ;;
+            --resume=*) user_resume=${1#--resume=}; shift ;;
+            *) args+=("$1"); shift ;;
+        esac
+    done
+    set -- ${args[@]+"${args[@]}"}
     [ -n "$config" ] || bf_die "CONFIG is empty: set a recipe name or YAML file"
     bf_sets "$run_dir"
     BF_TRAIN_SCRIPT=${TRAIN_SCRIPT:-trainer/pretrain.py}
@@ -273,6 +285,17 @@ above, $BF_LOG_DIR/build_index.log); nothing was launched"; }
     # stdout/stderr under $BF_LOG_DIR/node<N>/.
     # --cpus-per-task: the node's CPUs for the launcher, its ranks and their data-loader workers (Slurm 22.05's srun
     # no longer inherits the job's --cpus-per-task, and one CPU would starve the loaders).
+    local resume=auto
+    if [ -n "$user_resume" ] && [ "$user_resume" != auto ]; then
+        if python -m trainer.lineage started "$(bf_checkpoint_root)" "$user_resume"; then
+            bf_log "--resume $user_resume: job $SLURM_JOB_ID already started this run from it; this launch continues \
+(--resume auto)"
+        else
+            resume=$user_resume
+            bf_log "--resume $user_resume: this launch starts the run from it (later launches of job $SLURM_JOB_ID \
+continue with --resume auto)"
+        fi
+    fi
     bf_torchrun_options
     touch "$BF_LOG_DIR/launched"
     BF_LAUNCH_START=$SECONDS
@@ -286,7 +309,7 @@ above, $BF_LOG_DIR/build_index.log); nothing was launched"; }
         --nnodes="$BF_NNODES" --nproc-per-node="$BF_NPROC" --rdzv-backend=static \
         --master-addr="$BF_MASTER_ADDR" --master-port="$BF_MASTER_PORT" --rdzv-conf="timeout=$BF_RDZV_TIMEOUT" \
         --max-restarts=0 --tee=3 "${BF_TORCHRUN_OPTS[@]}" \
-        "$BF_TRAIN_SCRIPT" --config "$config" "${BF_SETS[@]}" "$@" --resume auto &
+        "$BF_TRAIN_SCRIPT" --config "$config" "${BF_SETS[@]}" "$@" --resume "$resume" &
     BF_SRUN_PID=$!
     while :; do
         wait "$BF_SRUN_PID"

@@ -146,7 +146,17 @@ def resolve_resume(root: Path, resume: str) -> Path | None:
     if resume == "none":
         return None
     if resume == "auto":
-        return find_latest(root)
+        latest = find_latest(root)
+        from trainer import lineage
+        source = lineage.resume_source(root, latest, _saved_run_id)
+        if source is not None:  # a lineage started outside the folder and killed before its first save
+            if int(os.environ.get("RANK", "0")) == 0:
+                print(f"--resume auto: this run started from {source} ({Path(root) / lineage.FILE}) and has saved "
+                      f"no checkpoint of its own yet: resuming from there"
+                      + (f", not from {latest}, which belongs to the run before" if latest is not None else ""),
+                      file=sys.stderr, flush=True)
+            return source
+        return latest
     path = Path(resume)
     if (path / LATEST).is_file() or (path.is_dir() and not is_complete(path) and step_of(path.name) is None):
         found = find_latest(path)
@@ -267,10 +277,12 @@ def _begin_lineage(root: Path, resume_dir: Path | None, fence) -> dict:
         if in_root and parent and not any(is_complete(p) for p in newer):
             return {"run_id": parent}  # a continuation; incomplete debris is replaced by the save of its step
         run_id = new_run_id()
-        if not newer:
-            return {"run_id": run_id}
         if fence is not None:
             fence()
+        from trainer import lineage
+        lineage.write(root, run_id, resume_dir, start)  # where this lineage starts (trainer/lineage.py)
+        if not newer:
+            return {"run_id": run_id}
         what = f"step {start} of {resume_dir}" if resume_dir is not None else "step 0 (--resume none)"
         aside = _move_aside(root, newer, run_id, f"run {run_id} started from {what}; these were newer")
         left = complete_checkpoints(root)

@@ -1,0 +1,131 @@
+"""Roll-backs that survive the launch after them (trainer/lineage.py): a roll-back to a checkpoint outside the folder
+(restored from an archive because keep-last pruned it) killed before its first save, and ``sbatch ... --resume PATH``
+requeued."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from trainer import checkpoint, lineage
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_roll_back_from_an_archive_killed_before_its_first_save_resumes_the_archive(tmp_path):
+    """Real 1-rank runs of the stand-in trainer. The run saved 4, 8, 12 (keep_last 2 pruned 4; a copy of it is in
+    the archive). The roll-back to the archive's step 4 hits a full disk at its first save (step 8), so it leaves
+    nothing in the folder but the abandoned run's global_step... nothing newer than 4, which it moved aside. The next
+    ``--resume auto`` started from step 0 with random weights, silently (found by review); now it resumes the archive
+    and the roll-back's settings reach the checkpoints it then writes."""
+    from test_trainer_multiproc import TIMEOUT, make_config, run
+
+    cfg = make_config(tmp_path, "run", train={"steps": 12, "eval_every": 0},
+                      schedule={"kind": "constant", "warmup_steps": 0},
+                      checkpoint={"every_steps": 4, "keep_last": 10})
+    root = tmp_path / "run" / "checkpoints"
+    run(cfg, 1, "--resume", "none")
+    archive = tmp_path / "archive" / "global_step4"
+    shutil.copytree(root / "global_step4", archive)
+    shutil.rmtree(root / "global_step4")  # as keep-last pruning had it
+    first = checkpoint.read_state(root / "global_step12")["run_id"]
+
+    worker = REPO / "tests" / "fault_worker.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1", BERTFAMILY_TEST_ENOSPC="global_step8/mp_rank_00_model_states")
+    proc = subprocess.run([sys.executable, str(worker), "--config", str(cfg), "--resume", str(archive), "--set",
+                           "optim.lr=1e-3"], cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode != 0 and "disk full while saving global_step8" in proc.stderr, proc.stderr[-3000:]
+    assert checkpoint.complete_checkpoints(root) == []  # 8 and 12 moved aside, step 8 not saved
+    record = json.loads((root / lineage.FILE).read_text())
+    assert record["source"] == str(archive.resolve()) and record["step"] == 4 and record["run_id"] != first
+
+    proc = run(cfg, 1, "--resume", "auto", "--set", "optim.lr=1e-3")
+    assert f"resumed from {archive} at step 4" in proc.stdout, proc.stdout[-2000:]
+    assert "has saved no checkpoint of its own yet: resuming from there" in proc.stderr
+    state = checkpoint.read_state(root / "global_step12")
+    assert state["config"]["optim"]["lr"] == 1e-3 and state["run_id"] != first
+    # the lineage has saved: auto continues it from the folder
+    assert checkpoint.resolve_resume(root, "auto") == root / "global_step12"
+
+
+def test_auto_skips_the_abandoned_runs_older_checkpoints_and_names_a_lost_source(tmp_path):
+    """The folder keeps the abandoned run's step 4 (older than the roll-back's start at 6): ``auto`` resumed it,
+    under the new command's settings, before the lineage's first save. Fake checkpoints: only the state files the
+    resolution reads."""
+    root, archive = tmp_path / "checkpoints", tmp_path / "archive" / "global_step6"
+
+    def fake(folder: Path, step: int, run_id: str) -> None:
+        folder.mkdir(parents=True)
+        (folder / checkpoint.STATE_FILE).write_text(json.dumps({"step": step, "run_id": run_id, "config": {}}))
+
+    fake(root / "global_step4", 4, "old")
+    fake(root / "global_step8", 8, "old")
+    fake(archive, 6, "elsewhere")
+    run_id = checkpoint.begin_lineage(root, archive, rank=0)
+    assert [p.name for p in checkpoint.complete_checkpoints(root)] == ["global_step4"]
+    assert checkpoint.resolve_resume(root, "auto") == archive
+    fake(root / "global_step7", 7, run_id)  # the lineage's first save
+    assert checkpoint.resolve_resume(root, "auto") == root / "global_step7"
+    shutil.rmtree(root / "global_step7")
+    shutil.rmtree(archive)
+    try:
+        checkpoint.resolve_resume(root, "auto")
+    except FileNotFoundError as err:
+        assert f"started from {archive.resolve()}" in str(err) and "would undo the roll-back" in str(err)
+    else:
+        raise AssertionError("a lost source resumed the abandoned run's checkpoint")
+
+
+def test_a_slurm_job_rolls_back_at_its_first_launch_and_continues_after_a_requeue(tmp_path):
+    """``sbatch slurm/x.sh --resume PATH``: common.sh appended ``--resume auto`` after the job's arguments and
+    argparse kept the last, so the roll-back never happened (found by review). Now the job's first launch gets
+    ``--resume PATH`` and a requeued launch of the same job (the lineage record names this job and PATH) continues
+    with auto; a new job with the same arguments rolls back again."""
+    root, source = tmp_path / "checkpoints", tmp_path / "archive" / "global_step6"
+    source.mkdir(parents=True)
+    (source / checkpoint.STATE_FILE).write_text(json.dumps({"step": 6, "run_id": "x", "config": {}}))
+
+    def started(job: str) -> int:
+        return subprocess.run([sys.executable, "-m", "trainer.lineage", "started", str(root), str(source)], cwd=REPO,
+                              env=dict(os.environ, SLURM_JOB_ID=job, PYTHONPATH=str(REPO))).returncode
+
+    assert started("41") == 1  # nothing started yet: this launch rolls back
+    os.environ["SLURM_JOB_ID"] = "41"
+    try:
+        checkpoint.begin_lineage(root, source, rank=0)
+    finally:
+        del os.environ["SLURM_JOB_ID"]
+    assert started("41") == 0  # the requeued launch of job 41 continues
+    assert started("42") == 1  # a new job with the same --resume rolls back again
+
+
+def test_the_template_passes_the_jobs_resume_to_the_first_launch_only(tmp_path):
+    """What common.sh hands the trainer (fake srun, python -m trainer.lineage real): --resume PATH once, then auto,
+    and never --resume to --check or build_index."""
+    from test_slurm_common import common
+
+    (tmp_path / "run" / "logs").mkdir(parents=True)
+    source = tmp_path / "archive" / "global_step6"
+    script = f'''
+BF_NNODES=1 BF_NPROC=1 BF_CPUS=1 BF_JOB_TAG=j BF_MASTER_ADDR=h BF_MASTER_PORT=1 BF_RDZV_TIMEOUT=9 BF_SIGNAL=""
+BF_STEP_GPUS=() BF_TORCHRUN_OPTS=()
+bf_torchrun_options() {{ :; }}
+BUILD_INDEX=1 bf_train tiny_roberta "{tmp_path / 'run'}" --set train.steps=3 --resume "{source}"
+'''
+    fakes = {"srun": 'echo "srun $*" >> "$CALLS"',
+             "python": 'case "$1 $2" in "-m trainer.lineage") exec "$REAL_PY" "$@";; esac; '
+                       'echo "python $*" >> "$CALLS"; echo "{{}}"'}
+    calls = tmp_path / "calls"
+    env = {"CALLS": str(calls), "REAL_PY": sys.executable, "SLURM_JOB_ID": "41", "PYTHONPATH": str(REPO)}
+    proc = common(tmp_path, script, env=env, fakes=fakes)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = calls.read_text()
+    before, srun = text.split("srun ", 1)  # srun's arguments hold the multi-line bash -c script
+    assert srun.strip().endswith(f"--resume {source}") and srun.count("--resume") == 1, srun
+    others = before.splitlines()
+    assert any("--check" in line for line in others) and any("build_index" in line for line in others), others
+    assert all("--resume" not in line for line in others), others
+    assert "this launch starts the run from it" in proc.stderr + proc.stdout
