@@ -129,3 +129,40 @@ BUILD_INDEX=1 bf_train tiny_roberta "{tmp_path / 'run'}" --set train.steps=3 --r
     assert any("--check" in line for line in others) and any("build_index" in line for line in others), others
     assert all("--resume" not in line for line in others), others
     assert "this launch starts the run from it" in proc.stderr + proc.stdout
+
+
+def test_metrics_hold_each_step_of_the_run_once_after_a_roll_back(tmp_path):
+    """Real 1-rank runs of the stand-in trainer, logging every step: 12 steps at lr 3e-3, then a roll-back to step 4
+    at lr 1e-3. metrics.jsonl held the new run's steps 5-12 after the abandoned run's 5-12, nothing telling them apart
+    (found by review); now it holds steps 1-12 once, 5-12 the new run's, and the abandoned ones are in the side
+    file the launch names."""
+    from test_trainer_multiproc import make_config, run
+
+    cfg = make_config(tmp_path, "run", train={"steps": 12, "eval_every": 0},
+                      schedule={"kind": "constant", "warmup_steps": 0},
+                      checkpoint={"every_steps": 4, "keep_last": 3})
+    root = tmp_path / "run" / "checkpoints"
+    run(cfg, 1, "--resume", "none")
+    proc = run(cfg, 1, "--resume", str(root / "global_step4"), "--set", "optim.lr=1e-3")
+    log = tmp_path / "run" / "metrics.jsonl"
+    train = [json.loads(line) for line in log.read_text().splitlines()]
+    train = [r for r in train if r.get("split", "train") == "train" and "loss" in r]
+    assert [r["step"] for r in train] == list(range(1, 13))
+    assert {r["lr"] for r in train if r["step"] > 4} == {1e-3} and {r["lr"] for r in train if r["step"] <= 4} == {3e-3}
+    (aside,) = (tmp_path / "run").glob("metrics.after-step4-*.jsonl")
+    moved = [json.loads(line) for line in aside.read_text().splitlines()]
+    assert [r["step"] for r in moved if "loss" in r] == list(range(5, 13)) and {r["lr"] for r in moved} == {3e-3}
+    assert f"moved to {aside}" in proc.stdout + proc.stderr
+
+
+def test_set_aside_keeps_earlier_records_and_lines_without_a_step(tmp_path):
+    from trainer.metrics import set_aside_after
+
+    log = tmp_path / "metrics.jsonl"
+    lines = ['{"step": 3, "loss": 1.0}', '{"step": 7, "loss": 0.5}', '{"step": 5, "split": "downstream", "x": 1}',
+             'not json at all', '{"step": 12, "split": "eval", "loss": 2}', '{"step": 4, "loss": 0.9}']
+    log.write_text("\n".join(lines) + "\n")
+    moved, aside = set_aside_after(log, 5)
+    assert moved == 2 and log.read_text().splitlines() == [lines[0], lines[2], lines[3], lines[5]]
+    assert aside.read_text().splitlines() == [lines[1], lines[4]]
+    assert set_aside_after(log, 5) == (0, None) and set_aside_after(tmp_path / "absent.jsonl", 0) == (0, None)

@@ -120,10 +120,15 @@ class MetricsLogger:
         # disk) leaves nothing queued for close() to retry; a line an earlier run left cut is dropped first.
         self.path = run_dir / "metrics.jsonl"
         cut = drop_cut_last_line(self.path)
+        moved, aside = set_aside_after(self.path, start_step)
         self.jsonl = open(self.path, "ab", buffering=0)
         if cut:
             print0(f"metrics: {self.path} ended in a cut line (an earlier run stopped while writing it: a full disk, "
                    f"a kill); dropped its {len(cut)} bytes ({cut[:60]!r}...) so every line stays one JSON record")
+        if moved:
+            print0(f"metrics: this launch starts at step {start_step}; the {moved} record(s) of later steps in "
+                   f"{self.path} (logged after that checkpoint by an earlier launch, or by a run this one rolled "
+                   f"back) were moved to {aside}, so the file holds each step of this run once, as TensorBoard does")
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1)
@@ -185,6 +190,45 @@ def _named(err: OSError, path: Path) -> OSError:
     if err.filename:
         return err
     return OSError(err.errno, err.strerror or str(err), str(path))
+
+
+_STEP = re.compile(rb'^\{"step": (-?\d+)')
+
+
+def set_aside_after(path: Path, step: int) -> tuple[int, Path | None]:
+    """Move the records of steps after ``step`` out of ``path`` (metrics.jsonl) into
+    ``metrics.after-step<step>-<UTC time>.jsonl`` beside it; returns (how many, that file). A launch resumed at step s
+    logs s+1... again: before, the records an earlier launch logged after its last checkpoint stayed (the same steps
+    twice), and after a roll-back the abandoned run's later steps followed the new run's, nothing telling them apart
+    (plots drew one curve; found by review). TensorBoard's ``purge_step`` drops the same steps from its view.
+    Streamed line by line (a 1M-step log is hundreds of MB): only the leading ``{"step": N`` of each line, which
+    ``MetricsLogger.log`` always writes first, is parsed; lines without it are kept."""
+    try:
+        with open(path, "rb") as f:
+            later = any((m := _STEP.match(line)) and int(m.group(1)) > step for line in f)
+    except FileNotFoundError:
+        return 0, None
+    if not later:
+        return 0, None
+    aside = path.with_name(f"metrics.after-step{step}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.jsonl")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    moved = 0
+    try:
+        with open(path, "rb") as f, open(tmp, "wb") as keep, open(aside, "ab") as out:
+            for line in f:
+                m = _STEP.match(line)
+                if m and int(m.group(1)) > step:
+                    out.write(line)
+                    moved += 1
+                else:
+                    keep.write(line)
+            keep.flush()
+            os.fsync(keep.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return moved, aside
 
 
 def drop_cut_last_line(path: Path) -> bytes:
