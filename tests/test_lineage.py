@@ -149,10 +149,11 @@ def test_metrics_hold_each_step_of_the_run_once_after_a_roll_back(tmp_path):
     train = [r for r in train if r.get("split", "train") == "train" and "loss" in r]
     assert [r["step"] for r in train] == list(range(1, 13))
     assert {r["lr"] for r in train if r["step"] > 4} == {1e-3} and {r["lr"] for r in train if r["step"] <= 4} == {3e-3}
-    (aside,) = (tmp_path / "run").glob("metrics.after-step4-*.jsonl")
-    moved = [json.loads(line) for line in aside.read_text().splitlines()]
+    aside = tmp_path / "run" / "metrics.set-aside.jsonl"
+    head, *moved = [json.loads(line) for line in aside.read_text().splitlines()]
+    assert head["resumed_at_step"] == 4 and head["records"] == len(moved)
     assert [r["step"] for r in moved if "loss" in r] == list(range(5, 13)) and {r["lr"] for r in moved} == {3e-3}
-    assert f"moved to {aside}" in proc.stdout + proc.stderr
+    assert f"moved to the end of {aside}" in proc.stdout + proc.stderr
 
 
 def test_set_aside_keeps_earlier_records_and_lines_without_a_step(tmp_path):
@@ -164,5 +165,6 @@ def test_set_aside_keeps_earlier_records_and_lines_without_a_step(tmp_path):
     log.write_text("\n".join(lines) + "\n")
     moved, aside = set_aside_after(log, 5)
     assert moved == 2 and log.read_text().splitlines() == [lines[0], lines[2], lines[3], lines[5]]
-    assert aside.read_text().splitlines() == [lines[1], lines[4]]
+    assert aside.read_text().splitlines()[1:] == [lines[1], lines[4]]
+    assert json.loads(aside.read_text().splitlines()[0])["records"] == 2
     assert set_aside_after(log, 5) == (0, None) and set_aside_after(tmp_path / "absent.jsonl", 0) == (0, None)

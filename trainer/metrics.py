@@ -128,7 +128,8 @@ class MetricsLogger:
         if moved:
             print0(f"metrics: this launch starts at step {start_step}; the {moved} record(s) of later steps in "
                    f"{self.path} (logged after that checkpoint by an earlier launch, or by a run this one rolled "
-                   f"back) were moved to {aside}, so the file holds each step of this run once, as TensorBoard does")
+                   f"back) were moved to the end of {aside}, so the file holds each step of this run once, as "
+                   "TensorBoard does")
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1)
@@ -196,8 +197,10 @@ _STEP = re.compile(rb'^\{"step": (-?\d+)')
 
 
 def set_aside_after(path: Path, step: int) -> tuple[int, Path | None]:
-    """Move the records of steps after ``step`` out of ``path`` (metrics.jsonl) into
-    ``metrics.after-step<step>-<UTC time>.jsonl`` beside it; returns (how many, that file). A launch resumed at step s
+    """Move the records of steps after ``step`` out of ``path`` (metrics.jsonl) to the end of
+    ``metrics.set-aside.jsonl`` beside it, after one line ``{"set_aside": UTC time, "resumed_at_step": step, "records":
+    n}`` (one file for every launch of the run: a preempted run relaunched 50 times would otherwise leave 50 small
+    files); returns (how many, that file). A launch resumed at step s
     logs s+1... again: before, the records an earlier launch logged after its last checkpoint stayed (the same steps
     twice), and after a roll-back the abandoned run's later steps followed the new run's, nothing telling them apart
     (plots drew one curve; found by review). TensorBoard's ``purge_step`` drops the same steps from its view.
@@ -210,20 +213,26 @@ def set_aside_after(path: Path, step: int) -> tuple[int, Path | None]:
         return 0, None
     if not later:
         return 0, None
-    aside = path.with_name(f"metrics.after-step{step}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.jsonl")
+    aside = path.with_name("metrics.set-aside.jsonl")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    moved = 0
+    moved, later = 0, []
     try:
-        with open(path, "rb") as f, open(tmp, "wb") as keep, open(aside, "ab") as out:
+        with open(path, "rb") as f, open(tmp, "wb") as keep:
             for line in f:
                 m = _STEP.match(line)
                 if m and int(m.group(1)) > step:
-                    out.write(line)
+                    later.append(line if line.endswith(b"\n") else line + b"\n")
                     moved += 1
                 else:
                     keep.write(line)
             keep.flush()
             os.fsync(keep.fileno())
+        head = {"set_aside": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "resumed_at_step": step,
+                "records": moved}
+        with open(aside, "ab") as out:  # written before the records leave metrics.jsonl: a kill loses none
+            out.write((json.dumps(head) + "\n").encode() + b"".join(later))
+            out.flush()
+            os.fsync(out.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
