@@ -41,3 +41,29 @@ def test_a_checkpoint_that_cannot_be_pruned_is_reported_once_per_save(tmp_path, 
     _save(root, 4, keep_last=1)  # deletable again: pruned, and nothing said
     assert "could not delete" not in capsys.readouterr().err
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["global_step4"]
+
+
+def test_off_schedule_checkpoints_do_not_push_the_periodic_ones_out(tmp_path):
+    """every_steps 10, keep_last 3: periodic 10, 20, 30, then three launches preempted a step or two later (32, 34,
+    36). Before, keep_last counted them and only 32/34/36 were left (found by review); now 10, 20, 30 and the newest
+    (36) stay, and a later periodic save (40) lets 36 go."""
+    import json
+
+    from trainer import checkpoint
+
+    root = tmp_path / "checkpoints"
+
+    def save(step: int) -> None:
+        (root / f"global_step{step}").mkdir(parents=True)
+        (root / f"global_step{step}" / checkpoint.STATE_FILE).write_text(json.dumps({"step": step}))
+        checkpoint.prune(root, 3, 10)
+
+    for step in (10, 20, 30, 32, 34, 36):
+        save(step)
+    assert [p.name for p in checkpoint.complete_checkpoints(root)] == \
+        ["global_step10", "global_step20", "global_step30", "global_step36"]
+    save(40)
+    assert [p.name for p in checkpoint.complete_checkpoints(root)] == \
+        ["global_step20", "global_step30", "global_step40"]
+    checkpoint.prune(root, 2)  # no periodic saves (every_steps 0): the newest keep_last, as before
+    assert [p.name for p in checkpoint.complete_checkpoints(root)] == ["global_step30", "global_step40"]

@@ -370,7 +370,7 @@ def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_s
             try:
                 if fence is not None:
                     fence()
-                prune(root, keep_last)
+                prune(root, keep_last, int((config.get("checkpoint") or {}).get("every_steps") or 0))
             except Exception as err:  # noqa: BLE001
                 outcome = {"error": err}
     outcome = _broadcast(outcome, device)
@@ -430,9 +430,16 @@ def _before_save(root: Path, tag_dir: Path, run_id: str, fence) -> dict:
     return {"saved": False}
 
 
-def prune(root: Path, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` complete checkpoints, and incomplete ones older than the newest.
-    Folders moved aside (``abandoned-*``) are never touched.
+def prune(root: Path, keep_last: int, every_steps: int = 0) -> None:
+    """Delete all but the newest ``keep_last`` complete periodic checkpoints (steps that are multiples of
+    ``every_steps``) and the newest checkpoint of all, and incomplete ones older than the newest. Without
+    ``every_steps`` (0: no periodic saves), all but the newest ``keep_last``. Folders moved aside (``abandoned-*``) are
+    never touched.
+
+    Off-schedule checkpoints (a preemption's, ``train.stop_at_step``'s, the end of a run) count only while they are
+    the newest: before, each counted against ``keep_last``, and a burst of requeues (three launches preempted after a
+    step each) left only ``global_step32/34/36`` and pruned every periodic checkpoint, so a roll-back could go back a
+    few steps at most (found by review).
 
     A folder that cannot be deleted (a colleague's checkpoint in a shared project folder without group write, a
     read-only snapshot) does not stop the run: the save is done. It is said in one warning per save, naming the
@@ -446,8 +453,14 @@ def prune(root: Path, keep_last: int) -> None:
         shutil.rmtree(folder, onerror=note)  # (onexc from Python 3.12)
 
     done = complete_checkpoints(root)
-    for old in done[:-keep_last]:
-        remove(old)
+    if every_steps > 0 and done:
+        periodic = [p for p in done if (step_of(p.name) or 0) % every_steps == 0]
+        keep = set(periodic[-keep_last:]) | {done[-1]}
+        old = [p for p in done if p not in keep]
+    else:
+        old = done[:-keep_last]
+    for folder in old:
+        remove(folder)
     if done:
         newest = step_of(done[-1].name)
         for p in Path(root).iterdir():
