@@ -38,3 +38,33 @@ def test_a_leftover_hand_over_file_is_never_read(tmp_path, monkeypatch):
     reader.join()
     assert torch.equal(got["r0"]["w"], torch.full((3,), 2.0)) and torch.equal(got["r1"]["w"], torch.full((3,), 2.0))
     assert not list(cache.glob("init_from_*.pt"))
+
+
+def test_a_save_cut_by_a_kill_leaves_no_weights_file_behind(tmp_path, monkeypatch):
+    """A kill (here: a KeyboardInterrupt, as SIGINT raises) during rank 0's save of the hand-over file left a whole
+    fp32 weights file, init_from_<key>.tmp, that no later launch removed (review); the next launch removes any
+    left, and a failed save removes its own."""
+    import trainer.engine
+
+    source = tmp_path / "phase1" / "checkpoints" / "global_step4"
+    source.mkdir(parents=True)
+    (source / checkpoint.STATE_FILE).write_text(json.dumps({"step": 4, "consumed_samples": 8, "config": {}}))
+    cache = tmp_path / "phase2"
+    cache.mkdir()
+    (cache / "init_from_0123456789ab.tmp").write_bytes(b"x" * 1024)  # what an earlier killed launch left
+    monkeypatch.setattr(checkpoint, "_barrier", lambda: None)
+    monkeypatch.setattr(trainer.engine, "consolidated_fp32_state_dict", lambda root, tag: {"w": torch.ones(3)})
+    real_save = torch.save
+
+    def killed(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", killed)
+    try:
+        init_from.init_weights(source.parent, cache, rank=0)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the stand-in kill did not reach init_weights")
+    assert not list(cache.glob("init_from_*")), list(cache.iterdir())

@@ -44,7 +44,9 @@ def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s
         cache_dir.mkdir(parents=True, exist_ok=True)
         # what launches that died before removing theirs left (the source may have changed since at the same path:
         # a redone phase 1): never reused, removed before any rank looks for this launch's file
-        for left in [*cache_dir.glob("init_from_*.pt"), *cache_dir.glob(".init_from_*.failed")]:
+        # (init_from_*.tmp: a kill during the save left a whole fp32 weights file, which no glob removed; review)
+        for left in [*cache_dir.glob("init_from_*.pt"), *cache_dir.glob("init_from_*.tmp"),
+                     *cache_dir.glob(".init_from_*.failed")]:
             left.unlink(missing_ok=True)
     checkpoint._barrier()
     if rank == 0:
@@ -61,8 +63,11 @@ def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s
                                  f"{high} rows (model.vocab_size): another tokenizer; use the source's tokenizer and "
                                  "corpus")
             tmp = out.with_suffix(".tmp")
-            torch.save(weights, tmp)
-            os.replace(tmp, out)
+            try:
+                torch.save(weights, tmp)
+                os.replace(tmp, out)
+            finally:
+                tmp.unlink(missing_ok=True)
         except BaseException as err:
             failed.write_text(f"{type(err).__name__}: {err}\n")
             raise
