@@ -67,6 +67,24 @@ def test_unlisted_gpu_or_dtype_is_measured_at_the_training_dtype(monkeypatch):
     assert calls == [("cuda:1", torch.bfloat16), ("cuda:0", torch.float16), ("cpu", torch.bfloat16)]
 
 
+def test_a_measured_peak_is_kept_for_the_run_and_a_listed_gpu_is_not_written(monkeypatch, tmp_path):
+    """An unlisted GPU (faked name) was measured at every launch, so MFU jumped between relaunches (review): the first
+    launch's measurement is kept in RUN_DIR/mfu_peak.json and reused on the same device kind and dtype; another dtype
+    or device kind measures again; a datasheet GPU writes nothing."""
+    values = iter([3e14, 5e14, 7e14])
+    calls = []
+    monkeypatch.setattr(metrics, "measure_peak_flops", lambda device, dtype: calls.append(dtype) or next(values))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
+    first = metrics.run_peak_flops(tmp_path, "cuda:0", torch.bfloat16, rank=0)
+    again = metrics.run_peak_flops(tmp_path, "cuda:2", torch.bfloat16, rank=1)
+    assert first[0] == again[0] == 3e14 and "first launch" in again[1] and calls == [torch.bfloat16]
+    assert metrics.run_peak_flops(tmp_path, "cuda:0", torch.float16, rank=0)[0] == 5e14  # another dtype
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    listed = tmp_path / "listed"
+    assert metrics.run_peak_flops(listed, "cuda:0", torch.bfloat16, rank=0)[0] == pytest.approx(989.4e12)
+    assert not (listed / "mfu_peak.json").exists() and len(calls) == 2
+
+
 def test_measured_peak_uses_the_requested_dtype(monkeypatch):
     seen = []
     real_randn = torch.randn

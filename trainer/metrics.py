@@ -73,6 +73,34 @@ def peak_flops(device: str, dtype: torch.dtype) -> tuple[float, str]:
     return measure_peak_flops(device, dtype), f"measured {dtype} matmul on {device}"
 
 
+def run_peak_flops(run_dir: str | Path, device: str, dtype: torch.dtype, rank: int) -> tuple[float, str]:
+    """``peak_flops``, with a measured peak kept for the run: the first launch that measures writes it to
+    ``RUN_DIR/mfu_peak.json`` (device name, dtype), and later launches on the same kind of device reuse it. Before, a
+    GPU missing from ``PEAK_TFLOPS`` (or the CPU) was measured at every launch, so a run's MFU jumped between
+    relaunches with whatever the node and its neighbours did during those 0.2 s (found by review)."""
+    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else device
+    if device.startswith("cuda") and table_peak_flops(name, dtype) is not None:
+        return peak_flops(device, dtype)
+    path = Path(run_dir) / "mfu_peak.json"
+    want = {"device": name, "dtype": str(dtype)}
+    try:
+        kept = json.loads(path.read_text())
+        if {k: kept.get(k) for k in want} == want and float(kept["flops"]) > 0:
+            return float(kept["flops"]), f"measured {dtype} matmul on {name} at the run's first launch ({path})"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    peak, source = peak_flops(device, dtype)
+    if rank == 0:
+        try:
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            tmp.write_text(json.dumps({**want, "flops": peak, "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                           time.gmtime())}))
+            os.replace(tmp, path)
+        except OSError as err:  # the MFU of later launches is measured again; said, not raised
+            print0(f"warning: could not keep the measured MFU denominator in {path}: {err}")
+    return peak, source + f", kept in {path} for later launches"
+
+
 def measure_peak_flops(device: str = "cpu", dtype: torch.dtype = torch.float32, n: int | None = None) -> float:
     """FLOP/s of a square n x n matmul at ``dtype`` on this device: n 8192 on a GPU (smaller ones stay far below
     an H100's peak), 1024 on the CPU (256 below fp32: bf16 is ~250x slower there); ~0.2 s plus a synchronised

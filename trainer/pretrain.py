@@ -262,7 +262,7 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
     from trainer.universal import needs_universal, prepare_universal, zero_stage_change_error
     from trainer.ds_json import precision, read_ds_json, zero_stage
     from trainer.loop import NonFiniteLossError, Trainer
-    from trainer.metrics import MetricsLogger, peak_flops
+    from trainer.metrics import MetricsLogger, run_peak_flops
     from trainer.optim.schedules import build_scheduler
 
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)  # other ranks too (a node-local run_dir)
@@ -358,8 +358,8 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         peak, peak_source = cfg.logging.peak_tflops * 1e12, "logging.peak_tflops"
     else:  # the training's matmul dtype: fp16/bf16 runs against their own peak, not fp32's
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision(cfg, ds_config), torch.float32)
-        peak, peak_source = peak_flops(device, dtype)
-    print0(f"MFU denominator: {peak / 1e12:.1f} TFLOP/s per rank ({peak_source})")
+        peak, peak_source = run_peak_flops(cfg.run_dir, device, dtype, rank)
+    print0(f"MFU denominator: {peak / 1e12:.3g} TFLOP/s per rank ({peak_source})")
     metrics = MetricsLogger(cfg.run_dir, cfg.logging, rank, cfg.train.steps, state.step)
     if rank == 0:
         (Path(cfg.run_dir) / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))
