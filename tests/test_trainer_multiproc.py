@@ -407,6 +407,22 @@ def test_the_checkpoint_that_ends_a_launch_is_saved_during_a_nan_streak_and_keep
     assert json.loads((tmp / "nan_end" / "status.json").read_text())["status"] == "completed"
 
 
+def test_a_nan_streak_cut_by_the_end_of_a_launch_goes_on_counting_after_the_resume(tmp):
+    """Steps 4 and 5 are non-finite and the launch ends at step 5 (stop_at_step, as a preemption would): its save
+    records the streak. The resumed launch's first step is non-finite too: 3 in a row, the guard stops at step 6.
+    Before, the count restarted at the resume and the run went on to step 8 (review)."""
+    cfg = make_config(tmp, "nan_cut", objective={"options": {"nan_after_step": 3}},
+                      train={"steps": 20, "max_nonfinite_in_a_row": 3, "stop_at_step": 5},
+                      checkpoint={"every_steps": 2, "keep_last": 2},
+                      deepspeed={"config": str(REPO / "ds_configs" / "zero0.json")})
+    run(cfg, 1, expect=0)
+    from trainer.checkpoint import read_state
+    assert read_state(tmp / "nan_cut" / "checkpoints" / "global_step5")["nonfinite_in_a_row"] == 2
+    # the stand-in counts its NaN steps per process: from the resumed launch's first step on
+    proc = run(cfg, 1, "--set", "train.stop_at_step=null", "--set", "objective.options.nan_after_step=0", expect=3)
+    assert "stopping at step 6" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]
+
+
 def test_status_names_the_last_step_of_a_failed_run(tmp):
     """One process, no launcher: the data fails at step 5. status.json said 'failed' at step -1 whatever the run had
     done; it names the last completed step (4). While running, it follows the checkpoint saves (trainer.loop

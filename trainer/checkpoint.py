@@ -208,6 +208,7 @@ class TrainState:
     step: int = 0
     consumed_samples: int = 0
     skipped_steps: int = 0
+    nonfinite_in_a_row: int = 0  # the NaN guard's streak at the save (a launch-ending save during one): it goes on
 
 
 def _barrier() -> None:
@@ -356,6 +357,7 @@ def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_s
                 fence()
             record = {"format": FORMAT, "version": FORMAT_VERSION, "step": state.step, "run_id": run_id,
                       "consumed_samples": state.consumed_samples, "skipped_steps": state.skipped_steps,
+                      "nonfinite_in_a_row": state.nonfinite_in_a_row,
                       "world_size": world_size, "zero_stage": engine.zero_stage, "time": time.time(),
                       "config": config}
             _atomic_write_text(tag_dir / STATE_FILE, json.dumps(record, indent=1))

@@ -324,7 +324,8 @@ class Trainer:
         end = state.consumed_samples + (cfg.train.steps - state.step) * cfg.train.global_batch_size
         batches = self.comps.train_batches(state.consumed_samples, end)
         last_saved = state.step
-        in_a_row = 0
+        # a streak a preemption cut goes on counting: the guard's limit and may_save see the steps before the save too
+        in_a_row = self.nonfinite_streak = state.nonfinite_in_a_row
         window_tokens, window_time, window_steps = 0, 0.0, 0
         while state.step < cfg.train.steps:
             lr = self.engine.lr()
@@ -348,7 +349,7 @@ class Trainer:
             note_step(state.step)  # for the status of a failure after this point (pretrain.main)
             self.recent_losses = (self.recent_losses + [result.loss])[-20:]
             in_a_row = in_a_row + 1 if result.nonfinite else 0
-            self.nonfinite_streak = in_a_row
+            self.nonfinite_streak = state.nonfinite_in_a_row = in_a_row
             if result.nonfinite:
                 state.skipped_steps += 1
             window_tokens += result.tokens

@@ -348,7 +348,8 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         scheduler.sync_lr()
         saved = checkpoint.read_state(resume_dir)
         state = checkpoint.TrainState(step=saved["step"], consumed_samples=saved["consumed_samples"],
-                                      skipped_steps=saved.get("skipped_steps", 0))
+                                      skipped_steps=saved.get("skipped_steps", 0),
+                                      nonfinite_in_a_row=saved.get("nonfinite_in_a_row", 0))
         checkpoint.restore_rng(resume_dir, rank, world_size, cfg.seed, state.step)
         print0(f"resumed from {resume_dir} at step {state.step} ({state.consumed_samples} samples consumed)")
         if batch_note:
