@@ -36,15 +36,38 @@ COMMON=${BERTFAMILY_HOME:-${SLURM_SUBMIT_DIR:-.}}/slurm/common.sh
 . "$COMMON"
 bf_setup
 
+# --resume (a roll-back) goes to the phase whose folder holds the checkpoint (phase 2's: RUN_DIR/phase2/...; anything
+# else: phase 1); the other phase gets the job's other arguments and continues (--resume auto). Both phases got it
+# before, and phase 2 "resumed" a phase-1 checkpoint past its own train.steps and completed without training.
+BF_PHASE1_RESUME=() BF_PHASE2_RESUME=() BF_JOB_ARGS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --resume) [ $# -ge 2 ] || bf_die "--resume needs a value: a checkpoint folder, none or auto"
+                  BF_RESUME=$2; shift 2 ;;
+        --resume=*) BF_RESUME=${1#--resume=}; shift ;;
+        *) BF_JOB_ARGS+=("$1"); shift ;;
+    esac
+done
+if [ -n "${BF_RESUME:-}" ] && [ "$BF_RESUME" != auto ]; then
+    case "$(realpath -m "$BF_RESUME")/" in
+        "$(realpath -m "$RUN_DIR/phase2")"/*) BF_PHASE2_RESUME=(--resume "$BF_RESUME") ;;
+        *) BF_PHASE1_RESUME=(--resume "$BF_RESUME") ;;
+    esac
+fi
+set -- ${BF_JOB_ARGS[@]+"${BF_JOB_ARGS[@]}"}
+
 BF_RUN_DIR=$RUN_DIR/phase1 BF_LOG_DIR=""
 if [ "$(bf_run_status)" = completed ]; then
     bf_log "phase 1 already completed ($(bf_latest_checkpoint)); going on with phase 2"
+    [ ${#BF_PHASE1_RESUME[@]} -eq 0 ] || bf_log "warning: phase 1 is completed: ${BF_PHASE1_RESUME[*]} is not applied \
+(a completed phase 1 is not launched again: roll it back with trainer/pretrain.py --config $PHASE1_CONFIG \
+--set run_dir=$RUN_DIR/phase1 ${BF_PHASE1_RESUME[*]} yourself, then submit this job again)"
     # the fine-tunings phase 1 left: the job that completed it was requeued (phase 2 preempted) before its end, where
     # they run (bf_finish -> bf_downstream)
     BF_DONE_RUN_DIRS+=("$RUN_DIR/phase1")
 else
     bf_log "phase 1: $PHASE1_CONFIG"
-    bf_train "$PHASE1_CONFIG" "$RUN_DIR/phase1" "$@"
+    bf_train "$PHASE1_CONFIG" "$RUN_DIR/phase1" "$@" ${BF_PHASE1_RESUME[@]+"${BF_PHASE1_RESUME[@]}"}
     bf_check_launch
 fi
 if [ "$PHASE2_CONFIG" = none ]; then bf_finish; fi
@@ -52,5 +75,6 @@ PHASE1_CKPT=$(bf_latest_checkpoint)
 [ -d "$PHASE1_CKPT" ] || bf_die "phase 1 completed but left no checkpoint in $RUN_DIR/phase1/checkpoints"
 
 bf_log "phase 2: $PHASE2_CONFIG, initialised from $PHASE1_CKPT"
-bf_train "$PHASE2_CONFIG" "$RUN_DIR/phase2" --set "checkpoint.init_from=$(bf_yaml_string "$PHASE1_CKPT")" "$@"
+bf_train "$PHASE2_CONFIG" "$RUN_DIR/phase2" --set "checkpoint.init_from=$(bf_yaml_string "$PHASE1_CKPT")" "$@" \
+    ${BF_PHASE2_RESUME[@]+"${BF_PHASE2_RESUME[@]}"}
 bf_finish

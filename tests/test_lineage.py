@@ -168,3 +168,60 @@ def test_set_aside_keeps_earlier_records_and_lines_without_a_step(tmp_path):
     assert aside.read_text().splitlines()[1:] == [lines[1], lines[4]]
     assert json.loads(aside.read_text().splitlines()[0])["records"] == 2
     assert set_aside_after(log, 5) == (0, None) and set_aside_after(tmp_path / "absent.jsonl", 0) == (0, None)
+
+
+def test_a_job_resuming_the_newest_checkpoint_by_name_continues_after_a_requeue(tmp_path):
+    """``sbatch ... --resume RUN/checkpoints/global_stepN`` where N is the newest (what the NaN guard's message
+    suggests): the first launch is a continuation, which wrote no record, so every requeue of the job rolled back to N
+    again and moved what it had trained aside (found by review of the day's diff). A named continuation is recorded."""
+    root = tmp_path / "checkpoints"
+    newest = root / "global_step4"
+    newest.mkdir(parents=True)
+    (newest / checkpoint.STATE_FILE).write_text(json.dumps({"step": 4, "run_id": "r1", "config": {}}))
+    os.environ["SLURM_JOB_ID"] = "41"
+    try:
+        assert checkpoint.begin_lineage(root, newest, rank=0, explicit=True) == "r1"  # same run: a continuation
+        assert lineage.started(root, str(newest))
+        assert not lineage.started(root, str(root / "global_step2"))
+    finally:
+        del os.environ["SLURM_JOB_ID"]
+    assert checkpoint.resolve_resume(root, "auto") == newest  # an in-folder record changes nothing for auto
+
+
+def _bert_base(tmp_path, run: Path, resume: Path) -> list[str]:
+    """slurm/bert_base.sh with fakes: each srun (one per phase) records its arguments and leaves that phase
+    completed with a checkpoint; python runs for real where the template needs an answer (lineage, config reads)."""
+    from test_slurm_common import common
+
+    calls = tmp_path / "calls"
+    srun = ('printf "%s\\n" "$*" >> "$CALLS"; for a in "$@"; do case "$a" in run_dir=*) d=${a#run_dir=}; d=${d#\\"};'
+            ' d=${d%\\"}; mkdir -p "$d/checkpoints/global_step4"; echo "{}" > "$d/checkpoints/global_step4/'
+            'bertfamily.json"; echo \'{"status": "completed", "step": 4}\' > "$d/status.json";; esac; done')
+    fakes = {"scontrol": 'if [ "$1 $2" = "show hostnames" ]; then echo n1; else echo "NodeName=n1 '
+                         'NodeAddr=10.0.0.1"; fi',
+             "torchrun": 'echo "usage: torchrun [--signals-to-handle S] [--shutdown-timeout T]"',
+             "python": f'case "$1 $2" in "-m trainer.lineage") exec "{sys.executable}" "$@";; esac\n'
+                       f'case "$1" in -|-c) exec "{sys.executable}" "$@";; esac\nexit 0',
+             "srun": srun}
+    env = {"SLURM_JOB_ID": "79", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1", "BERTFAMILY_HOME": str(REPO),
+           "BERTFAMILY_VENV": "none", "BUILD_INDEX": "0", "RUN_DIR": str(run), "CALLS": str(calls),
+           "PYTHONPATH": str(REPO)}
+    proc = common(tmp_path, f'bash {REPO}/slurm/bert_base.sh --set train.steps=3 --resume "{resume}"', env=env,
+                  fakes=fakes, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = calls.read_text()
+    return [part.rsplit("--resume ", 1)[1].split()[0] for part in text.split("--nnodes")[1:]]
+
+
+def test_bert_base_gives_the_jobs_resume_to_the_phase_that_holds_the_checkpoint(tmp_path):
+    """Both phases got the job's --resume: a phase-1 roll-back made phase 2 resume the phase-1 checkpoint past its own
+    train.steps and complete without training (review of the day's diff). Now phase 1 gets a phase-1 path and phase 2
+    continues (--resume auto), and the reverse for a phase-2 path."""
+    run = tmp_path / "runs" / "b"
+    assert _bert_base(tmp_path, run, run / "phase1" / "checkpoints" / "global_step2") == \
+        [str(run / "phase1" / "checkpoints" / "global_step2"), "auto"]
+    (tmp_path / "calls").unlink()
+    import shutil
+    shutil.rmtree(run)
+    assert _bert_base(tmp_path, run, run / "phase2" / "checkpoints" / "global_step2") == \
+        ["auto", str(run / "phase2" / "checkpoints" / "global_step2")]

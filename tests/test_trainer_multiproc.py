@@ -423,6 +423,25 @@ def test_a_nan_streak_cut_by_the_end_of_a_launch_goes_on_counting_after_the_resu
     assert "stopping at step 6" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]
 
 
+def test_the_checkpoint_before_a_streak_survives_saves_during_it_across_launches_and_is_named(tmp):
+    """keep_last 1, every_steps 4: launch A saves 4 and (stop_at_step) 5, the last good one, off-schedule. Launch B is
+    non-finite from its first step and its stop_at_step save (7) falls in the streak: pruning deleted 5 although the
+    log said it was kept, and launch C's guard named 7, saved during the streak (review of the day's diff). Now 5 is
+    protected while the streak is open, and C's message names it."""
+    cfg = make_config(tmp, "streak", train={"steps": 20, "max_nonfinite_in_a_row": 3, "stop_at_step": 5,
+                                             "eval_every": 0},
+                      checkpoint={"every_steps": 4, "keep_last": 1},
+                      deepspeed={"config": str(REPO / "ds_configs" / "zero0.json")})
+    root = tmp / "streak" / "checkpoints"
+    run(cfg, 1, expect=0)
+    proc = run(cfg, 1, "--set", "train.stop_at_step=7", "--set", "objective.options.nan_after_step=0", expect=0)
+    assert f"the checkpoint before it, {root / 'global_step5'}, is kept" in proc.stdout + proc.stderr
+    assert sorted(p.name for p in root.glob("global_step*")) == ["global_step4", "global_step5", "global_step7"]
+    proc = run(cfg, 1, "--set", "train.stop_at_step=null", "--set", "objective.options.nan_after_step=0", expect=3)
+    out = proc.stdout + proc.stderr
+    assert "stopping at step 8" in out and f"--resume {root / 'global_step5'}" in out, out[-2000:]
+
+
 def test_status_names_the_last_step_of_a_failed_run(tmp):
     """One process, no launcher: the data fails at step 5. status.json said 'failed' at step -1 whatever the run had
     done; it names the last completed step (4). While running, it follows the checkpoint saves (trainer.loop

@@ -209,6 +209,7 @@ class TrainState:
     consumed_samples: int = 0
     skipped_steps: int = 0
     nonfinite_in_a_row: int = 0  # the NaN guard's streak at the save (a launch-ending save during one): it goes on
+    before_streak: str = ""  # during a streak: the checkpoint saved before it (kept by pruning, named by messages)
 
 
 def _barrier() -> None:
@@ -250,7 +251,8 @@ def _move_aside(root: Path, folders: list[Path], run_id: str, why: str) -> Path:
     return aside
 
 
-def begin_lineage(root: Path, resume_dir: Path | None, rank: int, device="cpu", fence=None) -> str:
+def begin_lineage(root: Path, resume_dir: Path | None, rank: int, device="cpu", fence=None,
+                  explicit: bool = False) -> str:
     """Collective, before training starts: this run's id, and the checkpoints folder made consistent with it.
 
     A start from step s (0 for a fresh start, else the resumed checkpoint's step) that is not the continuation of
@@ -258,17 +260,19 @@ def begin_lineage(root: Path, resume_dir: Path | None, rank: int, device="cpu", 
     not) are moved aside into ``root/abandoned-<UTC stamp>-<new run id>/`` (never deleted) and ``latest`` is
     rewritten to name s's checkpoint (or the newest one left, or removed when none is left). A continuation
     (``--resume auto`` after a preemption) keeps its run id. Rank 0 decides and acts; the others receive the id.
-    ``fence`` (the run lock's ownership check) runs before anything is moved."""
+    ``fence`` (the run lock's ownership check) runs before anything is moved. ``explicit``: the checkpoint was named
+    (``--resume PATH``, not ``auto``); a continuation named so is recorded in ``lineage.json`` too, so that the Slurm
+    templates' requeued launches of the job continue instead of rolling back to it again (trainer/lineage.py)."""
     decision = None
     if rank == 0:
-        decision = _begin_lineage(Path(root), resume_dir, fence)
+        decision = _begin_lineage(Path(root), resume_dir, fence, explicit)
     decision = _broadcast(decision, device)
     if "error" in decision:
         raise decision["error"]
     return decision["run_id"]
 
 
-def _begin_lineage(root: Path, resume_dir: Path | None, fence) -> dict:
+def _begin_lineage(root: Path, resume_dir: Path | None, fence, explicit: bool = False) -> dict:
     try:
         start = read_state(resume_dir)["step"] if resume_dir is not None else 0
         parent = read_state(resume_dir).get("run_id") if resume_dir is not None else None
@@ -276,6 +280,11 @@ def _begin_lineage(root: Path, resume_dir: Path | None, fence) -> dict:
         newer = sorted((p for p in root.iterdir() if p.is_dir() and (step_of(p.name) or 0) > start),
                        key=lambda p: step_of(p.name)) if root.is_dir() else []
         if in_root and parent and not any(is_complete(p) for p in newer):
+            if explicit:  # --resume naming the newest checkpoint: this job has started from it (trainer/lineage.py)
+                if fence is not None:
+                    fence()
+                from trainer import lineage
+                lineage.write(root, parent, resume_dir, start)
             return {"run_id": parent}  # a continuation; incomplete debris is replaced by the save of its step
         run_id = new_run_id()
         if fence is not None:
@@ -302,7 +311,7 @@ def _begin_lineage(root: Path, resume_dir: Path | None, fence) -> dict:
 
 
 def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_size: int, keep_last: int,
-         run_id: str = "", fence=None) -> Path:
+         run_id: str = "", fence=None, protect: Path | None = None) -> Path:
     """Collective: every rank calls this at the same step. Returns the checkpoint folder.
 
     Rank 0 decides whether the step is already saved (a complete checkpoint of this step and of this ``run_id``,
@@ -357,7 +366,7 @@ def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_s
                 fence()
             record = {"format": FORMAT, "version": FORMAT_VERSION, "step": state.step, "run_id": run_id,
                       "consumed_samples": state.consumed_samples, "skipped_steps": state.skipped_steps,
-                      "nonfinite_in_a_row": state.nonfinite_in_a_row,
+                      "nonfinite_in_a_row": state.nonfinite_in_a_row, "before_streak": state.before_streak,
                       "world_size": world_size, "zero_stage": engine.zero_stage, "time": time.time(),
                       "config": config}
             _atomic_write_text(tag_dir / STATE_FILE, json.dumps(record, indent=1))
@@ -372,7 +381,9 @@ def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_s
             try:
                 if fence is not None:
                     fence()
-                prune(root, keep_last, int((config.get("checkpoint") or {}).get("every_steps") or 0))
+                downstream = [int(t.get("every_steps") or 0) for t in (config.get("eval") or {}).get("downstream") or []]
+                prune(root, keep_last, int((config.get("checkpoint") or {}).get("every_steps") or 0), protect,
+                      downstream)
             except Exception as err:  # noqa: BLE001
                 outcome = {"error": err}
     outcome = _broadcast(outcome, device)
@@ -432,11 +443,14 @@ def _before_save(root: Path, tag_dir: Path, run_id: str, fence) -> dict:
     return {"saved": False}
 
 
-def prune(root: Path, keep_last: int, every_steps: int = 0) -> None:
+def prune(root: Path, keep_last: int, every_steps: int = 0, protect: Path | None = None,
+          also_periodic: list[int] | None = None) -> None:
     """Delete all but the newest ``keep_last`` complete periodic checkpoints (steps that are multiples of
-    ``every_steps``) and the newest checkpoint of all, and incomplete ones older than the newest. Without
-    ``every_steps`` (0: no periodic saves), all but the newest ``keep_last``. Folders moved aside (``abandoned-*``) are
-    never touched.
+    ``every_steps``, or of a downstream task's ``every_steps`` in ``also_periodic``: a failed fine-tuning's message
+    sends the user to that checkpoint) and the newest checkpoint of all, and incomplete ones older than the newest.
+    Without ``every_steps`` (0: no periodic saves), all but the newest ``keep_last``. ``protect`` (the checkpoint
+    saved before a NaN/Inf streak, while the streak is open) is never deleted. Folders moved aside (``abandoned-*``)
+    are never touched.
 
     Off-schedule checkpoints (a preemption's, ``train.stop_at_step``'s, the end of a run) count only while they are
     the newest: before, each counted against ``keep_last``, and a burst of requeues (three launches preempted after a
@@ -455,12 +469,15 @@ def prune(root: Path, keep_last: int, every_steps: int = 0) -> None:
         shutil.rmtree(folder, onerror=note)  # (onexc from Python 3.12)
 
     done = complete_checkpoints(root)
-    if every_steps > 0 and done:
-        periodic = [p for p in done if (step_of(p.name) or 0) % every_steps == 0]
+    every = [e for e in [every_steps, *(also_periodic or [])] if e > 0] if every_steps > 0 else []
+    if every and done:
+        periodic = [p for p in done if any((step_of(p.name) or 0) % e == 0 for e in every)]
         keep = set(periodic[-keep_last:]) | {done[-1]}
         old = [p for p in done if p not in keep]
     else:
         old = done[:-keep_last]
+    if protect is not None:
+        old = [p for p in old if p.resolve() != Path(protect).resolve()]
     for folder in old:
         remove(folder)
     if done:

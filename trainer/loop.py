@@ -243,10 +243,11 @@ class Trainer:
 
     def save(self) -> Path:
         """Save this step's checkpoint (returns at once if it exists). Callers check ``may_save`` first."""
-        keep = self.cfg.checkpoint.keep_last + (1 if self.nonfinite_streak else 0)  # (see may_save)
+        protect = Path(self.state.before_streak) if self.nonfinite_streak and self.state.before_streak else None
         self.last_checkpoint = checkpoint.save(
             self.engine, checkpoint_dir(self.cfg), self.state, self.cfg.model_dump(mode="json"), self.rank,
-            self.world_size, keep, run_id=self.run_id, fence=self.fence)
+            self.world_size, self.cfg.checkpoint.keep_last, run_id=self.run_id, fence=self.fence,
+            protect=protect)  # (see may_save)
         # status.json follows the run at each save (one small file on rank 0; every step would cost a write per step).
         # A failed write of it (a transient NFS or quota error) is said, not raised: rank 0 alone leaving the loop
         # after a good checkpoint would leave the other ranks in the next step's collective (and a preemption would
@@ -264,13 +265,13 @@ class Trainer:
         for them. The checkpoint that ends a launch (final, train.stop_at_step, preemption) is saved: without it a
         completed run would have no checkpoint of its last step, a stop_at_step relaunch would redo the same steps
         forever and a preemption would lose up to every_steps steps; skipped steps left the weights as they were, and
-        ``save`` then keeps every older checkpoint (one more than checkpoint.keep_last), so the one before the streak
-        survives it."""
+        ``save`` then protects the checkpoint saved before the streak (``state.before_streak``, kept in the saved
+        state, so a later launch protects and names it too) from pruning."""
         if not self.nonfinite_streak:
             return True
         if ends_launch:
             self.metrics.message(f"step {self.state.step}: {why} saved during a NaN/Inf streak of "
-                                 f"{self.nonfinite_streak} step(s); the checkpoint before it, {self._last_name()}, is "
+                                 f"{self.nonfinite_streak} step(s); the checkpoint before it, {self._before_name()}, is "
                                  "kept: if the next launch stops on NaN/Inf, resume from that one")
             return True
         self.metrics.message(f"step {self.state.step}: {why} not saved: the last {self.nonfinite_streak} step(s) "
@@ -293,6 +294,10 @@ class Trainer:
     def _last_name(self) -> str:
         return str(self.last_checkpoint) if self.last_checkpoint is not None else "none: nothing saved yet"
 
+    def _before_name(self) -> str:
+        """The checkpoint saved before the open NaN/Inf streak (it may have begun in an earlier launch)."""
+        return self.state.before_streak or "none: nothing saved before it"
+
     def _nonfinite(self, result: StepResult, in_a_row: int) -> None:
         self.metrics.message(f"step {self.state.step}: non-finite loss or gradient (loss={result.loss}); step "
                              f"skipped ({in_a_row} in a row, {self.state.skipped_steps} in this run)")
@@ -304,8 +309,10 @@ class Trainer:
                 "What to try: lower optim.lr or lengthen schedule.warmup_steps; keep optim.grad_clip on (1.0); use "
                 "bf16 rather than fp16; check the data near this step (consumed_samples="
                 f"{self.state.consumed_samples}); " + (
-                    f"resume from the last checkpoint saved before the streak with --resume {self.last_checkpoint} "
-                    "(nothing was saved during it)" if self.last_checkpoint is not None else
+                    f"resume from the last checkpoint saved before the streak with --resume {self.state.before_streak}"
+                    + (f" (checkpoints saved during it, by the end of a launch, hold the skipped steps' weights: "
+                       f"{self.last_checkpoint} is one)" if str(self.last_checkpoint) != self.state.before_streak
+                       else " (nothing was saved during it)") if self.state.before_streak else
                     "no checkpoint was saved before the streak: start again with --resume none") + ".")
 
     def train(self) -> int:
@@ -349,6 +356,10 @@ class Trainer:
             note_step(state.step)  # for the status of a failure after this point (pretrain.main)
             self.recent_losses = (self.recent_losses + [result.loss])[-20:]
             in_a_row = in_a_row + 1 if result.nonfinite else 0
+            if in_a_row == 1:  # a streak begins: the checkpoint to protect and name is the newest one saved
+                state.before_streak = str(self.last_checkpoint) if self.last_checkpoint is not None else ""
+            elif in_a_row == 0:
+                state.before_streak = ""
             self.nonfinite_streak = state.nonfinite_in_a_row = in_a_row
             if result.nonfinite:
                 state.skipped_steps += 1

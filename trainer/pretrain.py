@@ -278,7 +278,7 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         batch_note = global_batch_change(checkpoint.read_state(resume_dir), cfg, str(resume_dir))
     # a start that is not the continuation of the folder's newest checkpoint moves the newer ones aside
     fence = lock.check if lock is not None else None  # before every write: the folder is still ours
-    run_id = checkpoint.begin_lineage(root, resume_dir, rank, device, fence)
+    run_id = checkpoint.begin_lineage(root, resume_dir, rank, device, fence, explicit=args.resume != "auto")
     if resume_dir is not None:
         from trainer.models.vocab_padding import resume_padding_error
         why = resume_padding_error(checkpoint.read_state(resume_dir).get("config"), cfg.model, str(resume_dir))
@@ -349,7 +349,8 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         saved = checkpoint.read_state(resume_dir)
         state = checkpoint.TrainState(step=saved["step"], consumed_samples=saved["consumed_samples"],
                                       skipped_steps=saved.get("skipped_steps", 0),
-                                      nonfinite_in_a_row=saved.get("nonfinite_in_a_row", 0))
+                                      nonfinite_in_a_row=saved.get("nonfinite_in_a_row", 0),
+                                      before_streak=saved.get("before_streak", ""))
         checkpoint.restore_rng(resume_dir, rank, world_size, cfg.seed, state.step)
         print0(f"resumed from {resume_dir} at step {state.step} ({state.consumed_samples} samples consumed)")
         if batch_note:
