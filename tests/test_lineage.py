@@ -225,3 +225,26 @@ def test_bert_base_gives_the_jobs_resume_to_the_phase_that_holds_the_checkpoint(
     shutil.rmtree(run)
     assert _bert_base(tmp_path, run, run / "phase2" / "checkpoints" / "global_step2") == \
         ["auto", str(run / "phase2" / "checkpoints" / "global_step2")]
+
+
+def test_a_record_appended_while_metrics_are_rewritten_is_kept(tmp_path, monkeypatch):
+    """A detached downstream runner appends its score while a new launch rewrites metrics.jsonl: its O_APPEND write
+    lands in the old file, and was lost with it (found by review of the day's diff: 40 of 2,000 racing records). Made
+    deterministic here: the record is appended to the old file just before the rename, and one more just after."""
+    import trainer.metrics as metrics
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 11)))
+    real = os.replace
+
+    def racing(src, dst):
+        with open(log, "ab") as old:  # the runner's write, before and after the rename, both into the old inode
+            old.write(b'{"step": 4, "split": "downstream", "rte_accuracy": 0.6}\n')
+            real(src, dst)
+            old.write(b'{"step": 12, "split": "downstream", "rte_accuracy": 0.7}\n')
+
+    monkeypatch.setattr(metrics.os, "replace", racing)
+    moved, aside = metrics.set_aside_after(log, 5)
+    kept = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in kept] == [1, 2, 3, 4, 5, 4]  # the runner's step-4 score is kept
+    assert [json.loads(line).get("step") for line in aside.read_text().splitlines()[1:]] == [6, 7, 8, 9, 10, 12]

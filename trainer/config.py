@@ -64,7 +64,9 @@ class CheckpointConfig(_Section):
     every_steps: int = Field(default=1000, ge=0)
     """Save every N steps (0 = only at the end and on preemption)."""
     keep_last: int = Field(default=3, gt=0)
-    """Complete checkpoints kept; older ones are deleted after a newer one is complete."""
+    """Periodic checkpoints kept (multiples of every_steps or of a downstream task's every_steps), plus the newest of
+    all (a preemption's, stop_at_step's) and, during a NaN/Inf streak, the one saved before it; older ones are deleted
+    after a newer one is complete (trainer/checkpoint.py prune)."""
     dir: str | None = None
     """None = RUN_DIR/checkpoints."""
     save_at_end: bool = True

@@ -233,7 +233,13 @@ def set_aside_after(path: Path, step: int) -> tuple[int, Path | None]:
     twice), and after a roll-back the abandoned run's later steps followed the new run's, nothing telling them apart
     (plots drew one curve; found by review). TensorBoard's ``purge_step`` drops the same steps from its view.
     Streamed line by line (a 1M-step log is hundreds of MB): only the leading ``{"step": N`` of each line, which
-    ``MetricsLogger.log`` always writes first, is parsed; lines without it are kept."""
+    ``MetricsLogger.log`` always writes first, is parsed; lines without it are kept.
+
+    A downstream runner of an earlier launch (detached; it outlives its launch) may append a score record while the
+    file is rewritten: its write goes to the old file. The old file stays open, and what was appended to it by the
+    replace (checked twice, 50 ms apart) is copied to the new one; before, such a record was lost (found by review of
+    the day's diff: 40 of 2,000 records racing a rewrite). A runner that opened the old file before the replace and
+    writes after the last check still loses its record: the window is a runner's open-to-write, microseconds."""
     try:
         with open(path, "rb") as f:
             later = any((m := _STEP.match(line)) and int(m.group(1)) > step for line in f)
@@ -244,24 +250,40 @@ def set_aside_after(path: Path, step: int) -> tuple[int, Path | None]:
     aside = path.with_name("metrics.set-aside.jsonl")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     moved, later = 0, []
+
+    def split(lines, keep) -> None:
+        nonlocal moved
+        for line in lines:
+            m = _STEP.match(line)
+            if m and int(m.group(1)) > step:
+                later.append(line if line.endswith(b"\n") else line + b"\n")
+                moved += 1
+            else:
+                keep.write(line)
+
     try:
-        with open(path, "rb") as f, open(tmp, "wb") as keep:
-            for line in f:
-                m = _STEP.match(line)
-                if m and int(m.group(1)) > step:
-                    later.append(line if line.endswith(b"\n") else line + b"\n")
-                    moved += 1
-                else:
-                    keep.write(line)
-            keep.flush()
-            os.fsync(keep.fileno())
-        head = {"set_aside": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "resumed_at_step": step,
-                "records": moved}
-        with open(aside, "ab") as out:  # written before the records leave metrics.jsonl: a kill loses none
-            out.write((json.dumps(head) + "\n").encode() + b"".join(later))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
+        with open(path, "rb") as f:
+            with open(tmp, "wb") as keep:
+                split(f, keep)
+                keep.flush()
+                os.fsync(keep.fileno())
+            head = {"set_aside": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "resumed_at_step": step,
+                    "records": moved}
+            with open(aside, "ab") as out:  # written before the records leave metrics.jsonl: a kill loses none
+                out.write((json.dumps(head) + "\n").encode() + b"".join(later))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+            for wait in (0.0, 0.05):  # what a concurrent writer appended to the old file meanwhile
+                time.sleep(wait)
+                rest = f.read()
+                if rest:
+                    before = len(later)
+                    with open(path, "ab") as new:
+                        split(rest.splitlines(keepends=True), new)
+                    if len(later) > before:
+                        with open(aside, "ab") as out:
+                            out.write(b"".join(later[before:]))
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
