@@ -75,6 +75,11 @@ PHASE1_CKPT=$(bf_latest_checkpoint)
 [ -d "$PHASE1_CKPT" ] || bf_die "phase 1 completed but left no checkpoint in $RUN_DIR/phase1/checkpoints"
 
 bf_log "phase 2: $PHASE2_CONFIG, initialised from $PHASE1_CKPT"
-bf_train "$PHASE2_CONFIG" "$RUN_DIR/phase2" --set "checkpoint.init_from=$(bf_yaml_string "$PHASE1_CKPT")" "$@" \
+# an assignment, so a failure stops the job (a command substitution inside an argument fails silently: a common.sh of
+# another version than this template, without bf_yaml_string, gave checkpoint.init_from= and phase 2 trained from
+# random weights; found by review)
+PHASE1_INIT=$(bf_yaml_string "$PHASE1_CKPT") || bf_die "slurm/common.sh in $BERTFAMILY_HOME does not match this job \
+script (no bf_yaml_string): submit again with the checkout's own slurm/bert_base.sh"
+bf_train "$PHASE2_CONFIG" "$RUN_DIR/phase2" --set "checkpoint.init_from=$PHASE1_INIT" "$@" \
     ${BF_PHASE2_RESUME[@]+"${BF_PHASE2_RESUME[@]}"}
 bf_finish

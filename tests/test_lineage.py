@@ -248,3 +248,38 @@ def test_a_record_appended_while_metrics_are_rewritten_is_kept(tmp_path, monkeyp
     kept = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["step"] for r in kept] == [1, 2, 3, 4, 5, 4]  # the runner's step-4 score is kept
     assert [json.loads(line).get("step") for line in aside.read_text().splitlines()[1:]] == [6, 7, 8, 9, 10, 12]
+
+
+def test_a_record_older_than_the_newest_checkpoint_of_another_run_is_stale(tmp_path, capsys):
+    """lineage.json names an archive start at step 20; then code that does not keep the file (a rolled-back checkout)
+    started another lineage and saved global_step10. --resume auto resumed the archive and abandoned that run (found
+    by the review of upgrades): a checkpoint of another run saved after the record makes it stale."""
+    import time as clock
+
+    root, source = tmp_path / "checkpoints", tmp_path / "elsewhere" / "global_step20"
+    source.mkdir(parents=True)
+    (source / checkpoint.STATE_FILE).write_text(json.dumps({"step": 20, "run_id": "a", "config": {}}))
+    lineage.write(root, "a", source, 20)
+    newer = root / "global_step10"
+    newer.mkdir()
+    (newer / checkpoint.STATE_FILE).write_text(json.dumps({"step": 10, "run_id": "b", "config": {},
+                                                           "time": clock.time() + 60}))
+    assert checkpoint.resolve_resume(root, "auto") == newer
+    assert "saved after it by another run" in capsys.readouterr().err
+    (newer / checkpoint.STATE_FILE).write_text(json.dumps({"step": 10, "run_id": "b", "config": {},
+                                                           "time": clock.time() - 600}))  # saved before the record
+    assert checkpoint.resolve_resume(root, "auto") == source
+
+
+def test_an_empty_set_value_is_refused(tmp_path):
+    """`--set checkpoint.init_from=` (a job script whose value came from a failed command substitution) was read as
+    null and phase 2 trained from random weights (found by the review of upgrades); KEY=null still unsets."""
+    import pytest
+
+    from trainer.config import ConfigError, apply_override
+
+    with pytest.raises(ConfigError, match=r"no value after '='.*checkpoint.init_from=null"):
+        apply_override({}, "checkpoint.init_from=")
+    raw: dict = {}
+    apply_override(raw, "checkpoint.init_from=null")
+    assert raw == {"checkpoint": {"init_from": None}}

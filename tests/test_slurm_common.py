@@ -130,7 +130,7 @@ def test_a_run_dir_holding_a_yaml_comment_or_quotes_reaches_the_trainer_whole(tm
     assert args[0] == "--set" and raw["run_dir"] == str(run_dir)
     apply_override(raw, "checkpoint.init_from=" + args[-1])
     assert raw["checkpoint"]["init_from"] == str(run_dir)
-    assert "bf_yaml_string \"$PHASE1_CKPT\"" in (REPO / "slurm" / "bert_base.sh").read_text()
+    assert "PHASE1_INIT=$(bf_yaml_string \"$PHASE1_CKPT\")" in (REPO / "slurm" / "bert_base.sh").read_text()
 
 
 def test_the_training_step_asks_for_its_gpus_the_smallest_nodes_cpus_and_passes_the_environment(tmp_path):

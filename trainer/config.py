@@ -182,8 +182,12 @@ def apply_override(raw: dict, override: str) -> None:
         raise ConfigError(f"--set {override!r}: expected KEY=VALUE, e.g. --set optim.lr=4e-4")
     key, value = override.split("=", 1)
     parts = key.strip().split(".")
+    if not value.strip():
+        # an empty value was read as null: a template whose value came from a failed command substitution (a job
+        # script of another version than the common.sh it sources) set checkpoint.init_from to none, silently
+        raise ConfigError(f"--set {override!r}: no value after '='; give one, or write {key}=null to unset the key")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else None
+        parsed = yaml.safe_load(value)
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {override!r}: the value is not valid YAML ({str(err).splitlines()[0]}); quote it: "
                           f"--set '{key}=\"...\"'") from None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 FILE = "lineage.json"
@@ -42,7 +43,8 @@ def write(root: Path, run_id: str, resume_dir: Path | None, step: int) -> None:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     _atomic_write(root / FILE, json.dumps({"run_id": run_id, "source": source_name(resume_dir), "step": int(step),
-                                           "slurm_job_id": os.environ.get("SLURM_JOB_ID")}, indent=1))
+                                           "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "time": time.time()},
+                                          indent=1))
 
 
 def read(root: Path) -> dict | None:
@@ -76,6 +78,13 @@ def resume_source(root: Path, latest: Path | None, saved_run_id) -> Path | None:
     if latest is not None and ((step_of(latest.name) or 0) > int(record["step"])
                                or saved_run_id(latest) == record["run_id"]):
         return None  # the lineage has saved in the folder
+    if latest is not None and _saved_after(latest, record, root / FILE):
+        # another run saved it after the record was written: code that does not keep this file (an older checkout)
+        # started a lineage since; the record is stale (found by review of upgrades and roll-backs of the code)
+        print(f"warning: {root / FILE} names {source} as where this run started, but {latest} was saved after it by "
+              f"another run (code that does not write {FILE}); --resume auto takes {latest}", file=sys.stderr,
+              flush=True)
+        return None
     if not is_complete(source):
         raise FileNotFoundError(
             f"--resume auto: this run started from {source} ({root / FILE}) and has saved no checkpoint of its own "
@@ -86,6 +95,19 @@ def resume_source(root: Path, latest: Path | None, saved_run_id) -> Path | None:
             f"since, but {source} is no longer a complete checkpoint; restore it, or give --resume PATH or --resume "
             "none")
     return source
+
+
+def _saved_after(checkpoint_dir: Path, record: dict, path: Path) -> bool:
+    """Whether ``checkpoint_dir`` (its state file's ``time``) was saved after the record was written (its ``time``,
+    else the file's modification time)."""
+    from trainer.checkpoint import CheckpointStateError, read_state
+
+    try:
+        saved = float(read_state(checkpoint_dir).get("time") or 0)
+        written = float(record.get("time") or path.stat().st_mtime)
+    except (CheckpointStateError, OSError, TypeError, ValueError):
+        return False
+    return saved > written
 
 
 def started(root: Path, source: str) -> bool:
