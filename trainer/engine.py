@@ -57,6 +57,7 @@ def _import_muon_uncompiled() -> None:
 _import_muon_uncompiled()
 from trainer import safe_load
 from trainer.ds_json import ds_config_path, offloads_optimizer, precision, read_ds_json
+from trainer.ds_ops import clear_stale_op_locks
 from trainer.log import print0, warn0
 from trainer.optim import OptimConfig, zero_lamb
 from trainer.optim.after_load import place_step_tensors, restore_group_settings, untie_state_tensors
@@ -96,49 +97,6 @@ def restore_environment() -> None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-
-
-def op_build_name(builder_name: str) -> str | None:
-    """The torch extension name (its build folder) of DeepSpeed's op builder ``builder_name`` on this accelerator
-    (``ShareMemCommBuilder`` -> ``deepspeed_shm_comm``), or None when it has none here."""
-    builder = get_accelerator().create_op_builder(builder_name)
-    return None if builder is None else builder.name
-
-
-def clear_stale_op_locks(builder_names, should_stop=None) -> None:
-    """Before DeepSpeed JIT-loads these ops: their stale torch build locks removed, live ones waited on
-    (``trainer/ext_lock.py``): a lock left by a killed build or load otherwise hangs the start silently. An op built
-    in a folder this process cannot write (a read-only image, another user's build) is loaded here from its library,
-    without torch's lock and ninja run, which would fail there (``_load_readonly_build``)."""
-    from trainer.ext_lock import build_dir, clear_stale_locks, writable
-    for name in builder_names:
-        builder = get_accelerator().create_op_builder(name)
-        if builder is None:
-            continue
-        folder = build_dir(builder.name)
-        if writable(folder):
-            clear_stale_locks([builder.name], should_stop=should_stop, folder_of=lambda _op, f=folder: f)
-        else:
-            _load_readonly_build(builder, folder)
-
-
-def _load_readonly_build(builder, folder) -> None:
-    """Load ``builder``'s op from ``folder`` (not writable here) as torch's loader does (``spec_from_file_location``
-    of the library), and put it where DeepSpeed's ``OpBuilder.load`` looks first (its ``_loaded_ops``, shared by every
-    builder of that class tree), so that DeepSpeed's own load returns it and never reaches torch's lock."""
-    import importlib.util
-
-    from trainer.ext_lock import readonly_build
-    if builder.name in builder._loaded_ops:
-        return
-    sources = [os.path.abspath(builder.deepspeed_src_path(p)) for p in builder.sources()]  # as jit_load passes them
-    library = readonly_build(folder, builder.name, sources, builder.strip_empty_entries(builder.cxx_args()))
-    spec = importlib.util.spec_from_file_location(library.stem, library)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    builder._loaded_ops[builder.name] = module
-    print(f"note: {folder} is not writable by this user: loaded the built {builder.name} op from {library.name} "
-          "directly (torch would take its build lock there)", file=sys.stderr, flush=True)
 
 
 def init_distributed(timeout_minutes: float, should_stop=None) -> tuple[int, int]:

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from trainer.checkpoint_files import CheckpointStateError, find_latest, is_complete, read_state, step_of
+
 FILE = "lineage.json"
 
 
@@ -66,8 +68,6 @@ def resume_source(root: Path, latest: Path | None, saved_run_id) -> Path | None:
     has saved nothing in ``root`` yet (``latest``, the folder's newest complete checkpoint, is older than the source's
     step or of another run); else None (``latest`` is the one to continue). ``saved_run_id(folder)`` reads a
     checkpoint's run id. Raises FileNotFoundError when that source is gone."""
-    from trainer.checkpoint import is_complete, step_of
-
     root = Path(root)
     record = read(root)
     if record is None or record["source"] == "none":
@@ -100,8 +100,6 @@ def resume_source(root: Path, latest: Path | None, saved_run_id) -> Path | None:
 def _saved_after(checkpoint_dir: Path, record: dict, path: Path) -> bool:
     """Whether ``checkpoint_dir`` (its state file's ``time``) was saved after the record was written (its ``time``,
     else the file's modification time)."""
-    from trainer.checkpoint import CheckpointStateError, read_state
-
     try:
         saved = float(read_state(checkpoint_dir).get("time") or 0)
         written = float(record.get("time") or path.stat().st_mtime)
@@ -121,7 +119,6 @@ def started(root: Path, source: str) -> bool:
     if record["source"] == want:
         return True
     # a folder holding LATEST (--resume RUN_DIR/checkpoints): the checkpoint it resolved to
-    from trainer.checkpoint import find_latest
     found = find_latest(Path(source)) if source != "none" and Path(source).is_dir() else None
     return found is not None and record["source"] == source_name(found)
 
