@@ -20,6 +20,7 @@ import pytest
 import fork_server
 from finetune_tasks import (corpus_documents, topic_documents, write_pairs, write_topic_choice, write_topic_ner,
                             write_topic_span, write_topic_task)
+from trainer.finetune.downstream_copy import job_folder
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}  # tiny models: 1 thread beats 2 contending
@@ -198,11 +199,12 @@ def test_downstream_scores_during_pretraining(corpus, tmp_path, request):
     assert sorted(r["step"] for r in records) == [10, 20], records
     for rec in records:
         assert rec["task"] == "rte" and 0.0 <= rec["rte_accuracy"] <= 1.0
-        res = json.loads((run_dir / "downstream" / f"global_step{rec['step']}" / "rte" / "finetune" / "rte"
-                          / "results.json").read_text())
+        # the job's folder is named by the checkpoint's step and run id (trainer/finetune/downstream_copy.py)
+        job = job_folder(run_dir, f"global_step{rec['step']}", "rte", rec.get("run_id"))
+        res = json.loads((job / "finetune" / "rte" / "results.json").read_text())
         assert res["pretraining_step"] == rec["step"] and res["best"]["dev"]["accuracy"] == rec["rte_accuracy"]
         # the child's copy of the checkpoint is gone; step 10's original was pruned (keep_last=1) while it ran
-        assert not (run_dir / "downstream" / f"global_step{rec['step']}" / "rte" / f"global_step{rec['step']}").exists()
+        assert not (job / f"global_step{rec['step']}").exists()
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("global_step*")) == ["global_step20"]
     train_steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()
                    if '"split"' not in x]
