@@ -377,3 +377,28 @@ def test_bert_base_template_runs_both_phases_across_a_time_limit_requeue(slurm_c
     # tiny model starts near ln(vocab)).
     assert_falls(one)
     assert two[1] < one[1] - 0.05, (one, two)
+
+
+def test_a_job_submitted_with_resume_rolls_back_to_that_checkpoint(slurm_cluster, corpus, tmp_path):
+    """`sbatch slurm/roberta_large.sh --resume RUN/checkpoints/global_step4` on the two-node cluster: the template's
+    own `--resume auto` came after the job's arguments and won, so the job continued from the newest checkpoint and
+    never rolled back (found by review). Now the launch resumes step 4, the newer checkpoints are moved aside, and the
+    rolled-back steps repeat the first run's losses (same settings, bit-identical resume). The requeue of such a job
+    (continue, not roll back again) is tested with fakes in tests/test_lineage.py."""
+    env = {"CONFIG": "tiny_roberta", "DATA_PREFIX": str(corpus),
+           "EXTRA_SETS": sets(train__steps=8, checkpoint__every_steps=4, checkpoint__keep_last=5,
+                              logging__every_steps=1) + " " + LOADER}
+    run = tmp_path / "run"
+    job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "first.out", RUN_DIR=str(run), **env)
+    assert_completed(slurm_cluster, job, tmp_path / "first.out")
+    first = losses(run)
+    target = run / "checkpoints" / "global_step4"
+    job = slurm_cluster.sbatch(REPO / "slurm" / "roberta_large.sh", "--nodes=2", "--gpus-per-node=0", "--time=30:00",
+                               f"--output={tmp_path / 'again.out'}", args=("--resume", str(target)), cwd=REPO,
+                               env={"RDZV_TIMEOUT": "120", "SAVE_TIMEOUT": "60", "RUN_DIR": str(run), **env})
+    text = assert_completed(slurm_cluster, job, tmp_path / "again.out")
+    assert resumed_at(text) == [4] and "this launch starts the run from it" in text, text[-6000:]
+    (aside,) = (run / "checkpoints").glob("abandoned-*")
+    assert sorted(p.name for p in aside.iterdir() if p.is_dir()) == ["global_step8"]
+    again = losses(run)
+    assert sorted(again) == list(range(1, 9)) and all(again[s] == first[s] for s in range(1, 9)), (first, again)
