@@ -402,3 +402,29 @@ def test_a_job_submitted_with_resume_rolls_back_to_that_checkpoint(slurm_cluster
     assert sorted(p.name for p in aside.iterdir() if p.is_dir()) == ["global_step8"]
     again = losses(run)
     assert sorted(again) == list(range(1, 9)) and all(again[s] == first[s] for s in range(1, 9)), (first, again)
+
+
+def test_a_job_started_from_another_runs_checkpoint_continues_after_a_requeue(slurm_cluster, corpus, tmp_path):
+    """`sbatch roberta_large.sh --resume OTHER_RUN/checkpoints/global_step4` into a new run folder (a checkpoint from
+    elsewhere), preempted by `scontrol requeue` at step 6: the requeued launch gets the same arguments, and must
+    continue from the checkpoint its preemption saved, not start over from OTHER_RUN's step 4 (trainer/lineage.py).
+    The steps repeat the first run's losses."""
+    env = {"CONFIG": "tiny_roberta", "DATA_PREFIX": str(corpus),
+           "EXTRA_SETS": sets(train__steps=12, checkpoint__every_steps=4, checkpoint__keep_last=5,
+                              logging__every_steps=1) + " " + LOADER}
+    other, run = tmp_path / "other", tmp_path / "run"
+    job = submit(slurm_cluster, "roberta_large.sh", tmp_path / "first.out", RUN_DIR=str(other), **env)
+    assert_completed(slurm_cluster, job, tmp_path / "first.out")
+    source = other / "checkpoints" / "global_step4"
+    job = slurm_cluster.sbatch(REPO / "slurm" / "roberta_large.sh", "--nodes=2", "--gpus-per-node=0", "--time=30:00",
+                               f"--output={tmp_path / 'again.out'}", args=("--resume", str(source)), cwd=REPO,
+                               env={"RDZV_TIMEOUT": "120", "SAVE_TIMEOUT": "60", "RUN_DIR": str(run), **env})
+    with signal_lands_mid_run(slurm_cluster, job, run, 6, signal.SIGTERM):
+        slurm_cluster.client("scontrol", "requeue", str(job))
+    slurm_cluster.release_requeued(job)
+    text = assert_completed(slurm_cluster, job, tmp_path / "again.out")
+    first, second = resumed_at(text)
+    assert first == 4 and 6 <= second < 12, text[-6000:]
+    assert "already started this run from it; this launch continues" in text, text[-6000:]
+    again, reference = losses(run), losses(other)
+    assert sorted(again) == list(range(5, 13)) and all(again[s] == reference[s] for s in again), (reference, again)
