@@ -111,5 +111,5 @@ def test_the_soft_open_file_limit_is_raised_to_the_hard_one():
     assert proc.returncode == 0, proc.stderr
     import resource
     (before, after), now, hard = json.loads("[" + proc.stdout.strip().replace("] ", "], ") + "]")
-    want = (1 << 20) if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)
+    want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
     assert before == 256 and after == want and now == [want, hard]

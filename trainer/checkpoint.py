@@ -7,6 +7,8 @@ Layout (DESIGN.md "Checkpoints")::
                         global_step200/bertfamily.json  step, consumed samples, world size, config; written LAST
                         global_step200/universal/       DeepSpeed universal form, made on demand for a new world size
                         latest                          "global_step200", replaced atomically after all ranks finished
+                        lineage.json                    where the current lineage started (trainer/lineage.py)
+                        abandoned-<UTC>-<run id>/       checkpoints a roll-back or fresh start moved aside (moved.json)
 
 A checkpoint is complete iff its ``bertfamily.json`` exists; that file is written by rank 0 after a barrier that
 every rank reaches only after its own shards are on disk, and then ``latest`` moves (write a temp file, then

@@ -30,8 +30,10 @@ CEILING = 4096
 """No more than this many shards per reader whatever the limit: 4,096 x 2 maps stays far below vm.max_map_count."""
 
 
-def raise_open_file_limit(most: int = 1 << 20) -> tuple[int, int]:
-    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit (at most ``most``); returns (before, after).
+def raise_open_file_limit(most: int = 65536) -> tuple[int, int]:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit (at most ``most``: 4 x ``CEILING`` shards of 2
+    files and room for the rest; a far higher soft limit slows code that closes every possible descriptor before an
+    exec, as some MPI launchers do); returns (before, after).
     The soft limit is often 1,024 where the hard one allows far more (the kernel's per-process file table grows as
     needed), and a training rank maps many shards; loader workers forked later inherit it. A process that may not
     raise it keeps its limit (the bound below then follows the soft one)."""
