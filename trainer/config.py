@@ -13,7 +13,6 @@ Usage::
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -21,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trainer.config_error import ConfigError  # noqa: F401 (defined apart, re-exported here: see that module)
+from trainer.config_sets import apply_override  # (also re-exported: trainer.config.apply_override)
 from trainer.data.config import DataConfig
 from trainer.ds_json import ds_config_path, grad_accum_problem, offload_problem, precision, read_ds_json
 from trainer.finetune.downstream import EvalConfig
@@ -174,44 +174,6 @@ def deep_merge(base: dict, over: dict) -> dict:
         else:
             out[key] = value
     return out
-
-
-def apply_override(raw: dict, override: str) -> None:
-    """``optim.lr=4e-4`` sets raw['optim']['lr']; the value is parsed as YAML and typed later by the schema."""
-    if "=" not in override:
-        raise ConfigError(f"--set {override!r}: expected KEY=VALUE, e.g. --set optim.lr=4e-4")
-    key, value = override.split("=", 1)
-    parts = key.strip().split(".")
-    if not value.strip():
-        # an empty value was read as null: a template whose value came from a failed command substitution (a job
-        # script of another version than the common.sh it sources) set checkpoint.init_from to none, silently
-        raise ConfigError(f"--set {override!r}: no value after '='; give one, or write {key}=null to unset the key")
-    try:
-        parsed = yaml.safe_load(value)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"--set {override!r}: the value is not valid YAML ({str(err).splitlines()[0]}); quote it: "
-                          f"--set '{key}=\"...\"'") from None
-    if "#" in value and "#" not in json.dumps(parsed, default=str, ensure_ascii=False):
-        # " #..." starts a YAML comment: "run_dir=runs/exp #2" would train into runs/exp, another run's folder
-        raise ConfigError(f"--set {override!r}: YAML reads ' #' and what follows as a comment, so the value would be "
-                          f"{parsed!r}; quote the value as a YAML string: --set '{key}=\"{value.strip()}\"'")
-    node = raw
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if isinstance(node, list):  # data.corpora.0.prefix: an index into a list
-            if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"--set {key}: {part!r} is not an index of the {len(node)}-item list before it")
-            if last:
-                node[int(part)] = parsed
-            else:
-                node = node[int(part)]
-        elif isinstance(node, dict):
-            if last:
-                node[part] = parsed
-            else:
-                node = node.setdefault(part, {})
-        else:
-            raise ConfigError(f"--set {key}: {parts[i - 1]!r} is a value, not a section")
 
 
 def _resolve_from_data(raw: dict) -> None:
