@@ -305,13 +305,15 @@ lock.release()
 """
 
 
-def test_eight_concurrent_contenders_on_one_stale_lock_exactly_one_wins(tmp_path):
+def eight_contenders(tmp_path, prelude: str = "") -> None:
+    """Eight processes (``prelude`` run first in each) start watching one stale lock at once: exactly one wins and
+    holds it, the others are refused, and nothing is left after the winner releases it."""
     _foreign_lock(tmp_path / "run", heartbeat_age=0)  # another host's lock whose heartbeat never moves
     go, release = tmp_path / "go", tmp_path / "release"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    procs = [subprocess.Popen([sys.executable, "-c", CONTEND, str(tmp_path / "run"), str(go), str(release)],
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for _ in range(8)]
+    procs = [subprocess.Popen([sys.executable, "-c", prelude + CONTEND, str(tmp_path / "run"), str(go),
+                               str(release)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for _ in range(8)]
     try:
         for proc in procs:
             assert proc.stdout.readline() == "ready\n"
@@ -327,6 +329,10 @@ def test_eight_concurrent_contenders_on_one_stale_lock_exactly_one_wins(tmp_path
             proc.wait(timeout=60)
     assert not (tmp_path / "run" / LOCK_NAME).exists()
     assert not list((tmp_path / "run").glob("*.takeover"))
+
+
+def test_eight_concurrent_contenders_on_one_stale_lock_exactly_one_wins(tmp_path):
+    eight_contenders(tmp_path)
 
 
 def test_nfs_eexist_for_a_link_that_succeeded_is_told_by_the_link_count(tmp_path, monkeypatch):

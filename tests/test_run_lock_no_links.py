@@ -14,18 +14,15 @@ import errno
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_run_lock import CONTEND, _foreign_lock
+from test_run_lock import _foreign_lock, eight_contenders
 
 import trainer.run_lock as run_lock
 from data_prep import prep_lock
 from trainer.run_lock import LOCK_NAME, RunLock, RunLockedError
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _no_links(monkeypatch, code: int = errno.EOPNOTSUPP) -> None:
@@ -83,26 +80,7 @@ NO_LINKS = "import errno, os\ndef _link(src, dst):\n    raise OSError(errno.EOPN
 
 
 def test_without_hard_links_eight_contenders_on_one_stale_lock_exactly_one_wins(tmp_path):
-    _foreign_lock(tmp_path / "run", heartbeat_age=0)
-    go, release = tmp_path / "go", tmp_path / "release"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    procs = [subprocess.Popen([sys.executable, "-c", NO_LINKS + CONTEND, str(tmp_path / "run"), str(go),
-                               str(release)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env) for _ in range(8)]
-    try:
-        for proc in procs:
-            assert proc.stdout.readline() == "ready\n"
-        go.touch()
-        outcomes = [proc.stdout.readline().strip() for proc in procs]
-        assert sorted(outcomes) == ["refused"] * 7 + ["won"], outcomes
-        held = json.loads((tmp_path / "run" / LOCK_NAME).read_text())
-        assert held["pid"] == procs[outcomes.index("won")].pid
-    finally:
-        release.touch()
-        for proc in procs:
-            proc.wait(timeout=60)
-    assert not (tmp_path / "run" / LOCK_NAME).exists()
-    assert not list((tmp_path / "run").glob("*.takeover"))
+    eight_contenders(tmp_path, NO_LINKS)
 
 
 def test_a_stale_lock_that_cannot_be_replaced_in_a_sticky_folder_leaves_nothing_and_says_what_to_do(
