@@ -39,22 +39,15 @@ bf_setup
 # --resume (a roll-back) goes to the phase whose folder holds the checkpoint (phase 2's: RUN_DIR/phase2/...; anything
 # else: phase 1); the other phase gets the job's other arguments and continues (--resume auto). Both phases got it
 # before, and phase 2 "resumed" a phase-1 checkpoint past its own train.steps and completed without training.
-BF_PHASE1_RESUME=() BF_PHASE2_RESUME=() BF_JOB_ARGS=()
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --resume) [ $# -ge 2 ] || bf_die "--resume needs a value: a checkpoint folder, none or auto"
-                  BF_RESUME=$2; shift 2 ;;
-        --resume=*) BF_RESUME=${1#--resume=}; shift ;;
-        *) BF_JOB_ARGS+=("$1"); shift ;;
-    esac
-done
-if [ -n "${BF_RESUME:-}" ] && [ "$BF_RESUME" != auto ]; then
+BF_PHASE1_RESUME=() BF_PHASE2_RESUME=()
+bf_split_resume "$@"
+if [ -n "$BF_RESUME" ] && [ "$BF_RESUME" != auto ]; then
     case "$(realpath -m "$BF_RESUME")/" in
         "$(realpath -m "$RUN_DIR/phase2")"/*) BF_PHASE2_RESUME=(--resume "$BF_RESUME") ;;
         *) BF_PHASE1_RESUME=(--resume "$BF_RESUME") ;;
     esac
 fi
-set -- ${BF_JOB_ARGS[@]+"${BF_JOB_ARGS[@]}"}
+set -- ${BF_OTHER_ARGS[@]+"${BF_OTHER_ARGS[@]}"}
 
 BF_RUN_DIR=$RUN_DIR/phase1 BF_LOG_DIR=""
 if [ "$(bf_run_status)" = completed ]; then

@@ -233,22 +233,30 @@ bf_stopped() {
     BF_RC=$BF_EXIT_REQUEUE
 }
 
+# bf_split_resume ARGS...: the value of --resume among ARGS in BF_RESUME (empty without one), the other arguments in
+# BF_OTHER_ARGS.
+bf_split_resume() {
+    BF_RESUME="" BF_OTHER_ARGS=()
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --resume) [ $# -ge 2 ] || bf_die "--resume needs a value: a checkpoint folder, none or auto"
+                      BF_RESUME=$2; shift 2 ;;
+            --resume=*) BF_RESUME=${1#--resume=}; shift ;;
+            *) BF_OTHER_ARGS+=("$1"); shift ;;
+        esac
+    done
+}
+
 # bf_train CONFIG RUN_DIR [trainer args...]: one launch of trainer/pretrain.py over all nodes; sets BF_RC.
 bf_train() {
-    local config=$1 run_dir=$2 args=() user_resume=""
+    local config=$1 run_dir=$2 user_resume
     shift 2
     # --resume among the job's arguments (a roll-back, or a start from a checkpoint elsewhere) applies to the job's
     # first launch; launches after a requeue get the same arguments and continue (--resume auto) instead of rolling
     # back again (trainer/lineage.py). Kept from --check and build_index, which take no --resume.
-    while [ $# -gt 0 ]; do
-        case "$1" in
-            --resume) [ $# -ge 2 ] || bf_die "--resume needs a value: a checkpoint folder, none or auto"
-                      user_resume=$2; shift 2 ;;
-            --resume=*) user_resume=${1#--resume=}; shift ;;
-            *) args+=("$1"); shift ;;
-        esac
-    done
-    set -- ${args[@]+"${args[@]}"}
+    bf_split_resume "$@"
+    user_resume=$BF_RESUME
+    set -- ${BF_OTHER_ARGS[@]+"${BF_OTHER_ARGS[@]}"}
     [ -n "$config" ] || bf_die "CONFIG is empty: set a recipe name or YAML file"
     bf_sets "$run_dir"
     BF_TRAIN_SCRIPT=${TRAIN_SCRIPT:-trainer/pretrain.py}
