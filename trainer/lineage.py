@@ -22,18 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.checkpoint_files import CheckpointStateError, find_latest, is_complete, read_state, step_of
+from trainer.checkpoint_files import (CheckpointStateError, _atomic_write_text, find_latest, is_complete, read_state,
+                                      step_of)
 
 FILE = "lineage.json"
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def source_name(resume_dir: Path | None) -> str:
@@ -44,9 +36,9 @@ def source_name(resume_dir: Path | None) -> str:
 def write(root: Path, run_id: str, resume_dir: Path | None, step: int) -> None:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    _atomic_write(root / FILE, json.dumps({"run_id": run_id, "source": source_name(resume_dir), "step": int(step),
-                                           "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "time": time.time()},
-                                          indent=1))
+    record = {"run_id": run_id, "source": source_name(resume_dir), "step": int(step),
+              "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "time": time.time()}
+    _atomic_write_text(root / FILE, json.dumps(record, indent=1))
 
 
 def read(root: Path) -> dict | None:
