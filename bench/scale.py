@@ -58,11 +58,11 @@ def parse_size(text: str) -> int:
 
 # -- synthetic corpora ---------------------------------------------------------------------------------------------------
 def write_corpus(folder: Path, sentences: int, seed: int = 0, shard: int = SHARD, real: bool = False,
-                 sidecars: bool = False) -> Path:
+                 sidecars: bool = False, doc_mean: int = 40) -> Path:
     """PREFIX = folder/syn: shards of ``shard`` sentences in megatron-core's .idx layout (version 1, uint16 tokens).
     ``real``: every .bin byte written (random tokens), so reads hit the disk or the page cache; otherwise sparse.
     ``sidecars``: an ERNIE span side-car per shard (data_prep/sidecar.py's layout), one span per sentence of 4+
-    tokens."""
+    tokens. ``doc_mean``: the mean document length in sentences (Geometric)."""
     prefix = folder / "syn"
     if (folder / "syn.manifest.json").exists():
         return prefix
@@ -72,7 +72,7 @@ def write_corpus(folder: Path, sentences: int, seed: int = 0, shard: int = SHARD
     for k, lo in enumerate(range(0, sentences, shard)):
         n = min(shard, sentences - lo)
         lengths = (1 + rng.gamma(2.0, 9.5, n)).astype(np.int32)
-        sizes = rng.geometric(1 / 40, n // 10 + 10)
+        sizes = rng.geometric(1 / doc_mean, n // max(1, doc_mean // 4) + 10)
         ends = np.cumsum(sizes)
         ends = ends[ends < n]
         docs = np.concatenate([[0], ends, [n]]).astype(np.int64)

@@ -172,6 +172,64 @@ def test_the_compiled_walk_takes_the_same_documents(toy):
             assert np.array_equal(a.chunks, b.chunks) and (a.row_ptr is None or np.array_equal(a.row_ptr, b.row_ptr))
 
 
+def _walk_each_run_alone(prefix: str, first: int, layout, compiled: bool) -> np.ndarray:
+    """The reference: every run of chosen documents cut out of the shard (its own lengths and document array,
+    numbered from 0) and walked alone, one ``walk`` call per run, as main did before the loop moved into the
+    compiled code (2026-12-06)."""
+    from trainer.data import index_kernels as K
+    from trainer.data.corpus import idx_arrays
+    from trainer.data.order import M64, mix64
+
+    lengths, _, docs = idx_arrays(prefix)
+    docs = np.asarray(docs, np.int64)
+    chosen = held_out_mask(shard_key(prefix), len(docs) - 1, layout.valid_split)
+    chosen = ~chosen if layout.role == "train" else chosen
+    mode = {"full-sentences": K.FULL_SENTENCES, "sentence-pair": K.SENTENCE_PAIR}.get(layout.fmt, K.WITHIN_DOCUMENT)
+    keep_min = 2 if layout.fmt in ("segment-pair", "sop-pair", "sentence-pair") else 1
+    run = K.kernels(len(lengths), compiled)
+    out, rows, got = np.empty((len(lengths) + 1, 3), np.int64), np.empty(len(lengths) + 1, np.int64), []
+    d = 0
+    while d < len(chosen):
+        if not chosen[d]:
+            d += 1
+            continue
+        hi = d
+        while hi < len(chosen) and chosen[hi]:
+            hi += 1
+        s0, m = int(docs[d]), int(docs[hi] - docs[d])
+        k, s, _ = run.walk(lengths[s0:s0 + m], docs[d:hi + 1] - s0, first + s0, 0, 0, m, mode, layout.budget,
+                           layout.min_sent, layout.min_tail, keep_min, np.uint64(mix64(layout.index_seed & M64)),
+                           float(layout.short_seq_prob), float(layout.nsp_prob), out, rows)
+        assert s >= m  # the buffer holds the whole run
+        got.append(out[:k].copy())
+        d = hi
+    return np.concatenate(got) if got else np.zeros((0, 3), np.int64)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_walk_over_runs_equals_each_run_walked_alone(toy, compiled):
+    """The held-out split's runs of documents are walked inside one kernel call (walk_runs) and resumed across
+    full buffers (a block of 2 rows here): the chunks must be those of each run walked alone, for every format,
+    both roles and splits from 0.005 to 0.45."""
+    from trainer.data.sample_index import Layout, _walk
+
+    prefix, _ = toy
+    corpus = IndexedCorpus(prefix)
+    checked = 0
+    for fmt, nsp in (("full-sentences", 0.0), ("doc-sentences", 0.0), ("segment-pair", 0.5), ("sop-pair", 0.0),
+                     ("sentence-pair", 0.5)):
+        for split in (0.005, 0.2, 0.45):
+            for role in ("train", "heldout"):
+                layout = Layout(fmt, 24, 0.1, 3, False, nsp_prob=nsp, valid_split=split, role=role)
+                for shard, first, _ in corpus.shards:
+                    want = _walk_each_run_alone(shard, first, layout, compiled)
+                    parts = [c for c, _ in _walk((shard, first, layout, 2, compiled))]
+                    have = np.concatenate(parts) if parts else np.zeros((0, 3), np.int64)
+                    assert np.array_equal(have, want), (fmt, split, role, shard)
+                    checked += len(want)
+    assert checked > 1000
+
+
 def test_the_index_cache_key_holds_the_split_and_the_role(toy, tmp_path):
     from trainer.data.sample_index import load_or_build
 

@@ -141,6 +141,32 @@ def walk(lengths, docs, first, s, d, stop, mode, budget, min_sent, min_tail, kee
     return k, s, d
 
 
+def walk_runs(lengths, docs, runs, first, r, s, d, mode, budget, min_sent, min_tail, keep_min, seed_mix,
+              short_seq_prob, nsp_prob, out, row_tokens):
+    """``walk`` over the runs ``runs[r:]`` (int64 [R, 2]: ``[lo, hi)`` of consecutive chosen documents, as
+    sample_index.py's held-out split gives them), each walked as if it were a shard of its own: chunks never cross a
+    run's end. Resumes at run ``r``, shard-local chain position ``s`` and its document ``d`` (at a run's start: ``s
+    = docs[lo]``, ``d = lo``) while ``out`` has room. -> (rows written, next r, s, d).
+
+    The loop over runs is here, not in Python: at ``valid_split`` 0.2 a shard of 1M documents has ~160K runs, and a
+    Python call per run cost ~10 us (most of the build at 400M documents). The walk over a run sees the shard's arrays
+    cut at the run's end (views, no copy), so its chunks, targets and NSP draws are those of the run walked alone."""
+    cap = len(out)
+    k = 0
+    while r < len(runs) and k < cap:
+        lo, hi = runs[r, 0], runs[r, 1]
+        stop = docs[hi]
+        if s < stop:
+            got, s, d = walk(lengths[:stop], docs[:hi + 1], first, s, d, stop, mode, budget, min_sent, min_tail,
+                             keep_min, seed_mix, short_seq_prob, nsp_prob, out[k:], row_tokens[k:])
+            k += got
+        if s >= stop:
+            r += 1
+            if r < len(runs):
+                s, d = docs[runs[r, 0]], runs[r, 0]
+    return k, r, s, d
+
+
 def pack(row_tokens, T):
     """Next-fit packing of rows of ``row_tokens`` tokens into rows of at most ``T``: a row over half of ``T`` stays
     alone (emitted in place), the short ones fill the open row in order. -> (order of the rows, sizes of the packed
@@ -177,7 +203,8 @@ def pack(row_tokens, T):
     return order, sizes[:n_sizes].copy()
 
 
-_PYTHON = SimpleNamespace(mix1=mix1, target1=target1, nsp1=nsp1, cost1=cost1, walk=walk, pack=pack)
+_PYTHON = SimpleNamespace(mix1=mix1, target1=target1, nsp1=nsp1, cost1=cost1, walk=walk, walk_runs=walk_runs,
+                          pack=pack)
 
 
 @functools.cache
@@ -187,7 +214,7 @@ def _compiled() -> SimpleNamespace:
     from numba import njit  # noqa: PLC0415
 
     g = globals()
-    names = ("mix1", "target1", "nsp1", "cost1", "walk", "pack")
+    names = ("mix1", "target1", "nsp1", "cost1", "walk", "walk_runs", "pack")
     cache = True
     for name in names:
         try:
@@ -213,6 +240,11 @@ class _Interpreted:
             return _PYTHON.walk(*args)
 
     @staticmethod
+    def walk_runs(*args):
+        with np.errstate(over="ignore"):
+            return _PYTHON.walk_runs(*args)
+
+    @staticmethod
     def pack(*args):
         return _PYTHON.pack(*args)
 
@@ -223,7 +255,7 @@ class _Interpreted:
 
 
 def kernels(sentences: int, compiled: bool | None = None):
-    """``walk``/``pack``/``target1`` for a shard of ``sentences``: compiled from ``COMPILE_FROM`` on (or as
+    """``walk``/``walk_runs``/``pack``/``target1`` for a shard of ``sentences``: compiled from ``COMPILE_FROM`` on (or as
     ``compiled`` says)."""
     if compiled is None:
         compiled = sentences >= COMPILE_FROM

@@ -350,16 +350,16 @@ def _check_nonempty(corpus: IndexedCorpus, layout: Layout, n: int) -> None:
             f"{corpus.num_sentences} sentences); pair formats need documents of two or more sentences")
 
 
-def _document_runs(prefix: str, documents: int, layout: Layout) -> list[tuple[int, int]]:
-    """The maximal runs ``[lo, hi)`` of consecutive documents of a shard that the index reads: all of them without a
-    held-out split, else the kept ones (train) or the held-out ones (heldout), by heldout.py's hash."""
+def _document_runs(prefix: str, documents: int, layout: Layout) -> np.ndarray:
+    """int64 [R, 2]: the maximal runs ``[lo, hi)`` of consecutive documents of a shard that the index reads: all of
+    them without a held-out split, else the kept ones (train) or the held-out ones (heldout), by heldout.py's hash."""
     if layout.valid_split <= 0:
-        return [(0, documents)] if documents else []
+        return np.array([[0, documents]] if documents else [], np.int64).reshape(-1, 2)
     chosen = held_out_mask(shard_key(prefix), documents, layout.valid_split)
     if layout.role == "train":
         chosen = ~chosen
     edges = np.flatnonzero(np.diff(np.concatenate([[0], chosen.astype(np.int8), [0]])))
-    return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
+    return edges.astype(np.int64).reshape(-1, 2)
 
 
 # -- one shard, block by block -------------------------------------------------------------------------------------------
@@ -407,15 +407,14 @@ def _walk(task):
     seed_mix = np.uint64(mix64(layout.index_seed & M64))
     # (a shard has at most n chunks: buffers of one block or the shard, whichever is smaller)
     out, rows = np.empty((max(1, min(block, n)), 3), np.int64), np.empty(max(1, min(block, n)), np.int64)
-    for lo, hi in _document_runs(prefix, len(docs) - 1, layout):
-        # the walk over the run of chosen documents [lo, hi) as if it were a shard of its own: full-sentences chunks
-        # never cross a held-out document; with valid_split 0 the run is the whole shard (the same chunks as before)
-        s0, m = int(docs[lo]), int(docs[hi] - docs[lo])
-        run_lengths, run_docs = lengths[s0:s0 + m], docs[lo:hi + 1] - s0
-        s, d = 0, 0
-        while s < m:
-            k, s, d = run.walk(run_lengths, run_docs, first + s0, s, d, m, mode, layout.budget, layout.min_sent,
-                               layout.min_tail, keep_min, seed_mix, float(layout.short_seq_prob),
-                               float(layout.nsp_prob), out, rows)
-            if k:
-                yield out[:k].copy(), rows[:k].copy()
+    # the walk over each run of chosen documents [lo, hi) as if it were a shard of its own: full-sentences chunks
+    # never cross a held-out document; with valid_split 0 the one run is the whole shard (the same chunks as before).
+    # The loop over runs is compiled with the walk (walk_runs): one call per block, not per run
+    runs = _document_runs(prefix, len(docs) - 1, layout)
+    r, s, d = 0, (int(docs[runs[0, 0]]) if len(runs) else 0), (int(runs[0, 0]) if len(runs) else 0)
+    while r < len(runs):
+        k, r, s, d = run.walk_runs(lengths, docs, runs, first, r, s, d, mode, layout.budget, layout.min_sent,
+                                   layout.min_tail, keep_min, seed_mix, float(layout.short_seq_prob),
+                                   float(layout.nsp_prob), out, rows)
+        if k:
+            yield out[:k].copy(), rows[:k].copy()
