@@ -154,7 +154,7 @@ def walk_runs(lengths, docs, runs, first, r, s, d, mode, budget, min_sent, min_t
     cap = len(out)
     k = 0
     while r < len(runs) and k < cap:
-        lo, hi = runs[r, 0], runs[r, 1]
+        hi = runs[r, 1]
         stop = docs[hi]
         if s < stop:
             got, s, d = walk(lengths[:stop], docs[:hi + 1], first, s, d, stop, mode, budget, min_sent, min_tail,
