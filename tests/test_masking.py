@@ -106,8 +106,12 @@ def test_whole_words_are_masked_whole(en_prepared, en_tokenizer):
         assert np.array_equal(sel[1:][inner], sel[:-1][inner]), "a word was masked in part"
         multi_piece_words += int((sel[1:] & inner).sum())
     assert multi_piece_words > 100  # the check above really saw multi-piece words
-    rate = sum(len(m.positions) for m in out) / (~masker.is_special[rows]).sum()
-    assert 0.12 < rate <= 0.15  # whole words fill the budget from below
+    counts = np.array([len(m.positions) for m in out])
+    budgets = np.array([min(128, max(1, round(0.15 * (~masker.is_special[r]).sum()))) for r in rows])
+    assert np.all(counts <= budgets)
+    # a word that does not fit is skipped and the scan goes on (BERT's loop), so the budget is nearly always filled
+    # (stopping at the first word that did not fit left 1-2 % of it empty)
+    assert counts.sum() >= 0.995 * budgets.sum(), (counts.sum(), budgets.sum())
 
 
 def test_ngram_lengths_follow_one_over_n(en_prepared, en_tokenizer):
@@ -170,3 +174,36 @@ def test_a_batch_masks_each_sample_as_it_would_alone(en_prepared, en_tokenizer):
             assert np.array_equal(alone.positions, batch[i].positions) and np.array_equal(alone.labels,
                                                                                           batch[i].labels)
         assert len(batch[5].positions) == 0
+
+
+def test_the_selection_is_the_sequential_scan_that_skips_what_does_not_fit():
+    """greedy_fit (vectorised in rounds) against the loop of BERT's whole-word and ALBERT's n-gram masking: scan the
+    candidates in order, take one if it fits what is left of the budget, else ``continue``."""
+    from trainer.data.masking import greedy_fit
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        B = int(rng.integers(1, 6))
+        per = rng.integers(0, 40, B)
+        sample = np.repeat(np.arange(B), per)
+        sizes = rng.integers(1, 7, len(sample))
+        budget = rng.integers(1, 30, B)
+        want = np.zeros(len(sample), bool)
+        left = budget.copy()
+        for i, (s, n) in enumerate(zip(sample, sizes)):
+            if n <= left[s]:
+                want[i], left[s] = True, left[s] - n
+        assert np.array_equal(greedy_fit(sizes, sample, budget), want)
+
+
+def test_albert_ngrams_fill_the_budget_of_albert_xxlarge(en_prepared, en_tokenizer):
+    """albert_xxlarge's masking (n-grams up to 3, 20 predictions at 512 tokens): ALBERT's loop tries the next
+    candidate when an n-gram does not fit; stopping at the first one left 60 % of the rows short of the budget and
+    predicted 7.7 % fewer tokens (measured by review against ALBERT's create_pretraining_data.py)."""
+    rows = _sequences(en_prepared, 300, 512, seed=4)
+    cfg = MaskingConfig(strategy="ngram", max_ngram=3, max_predictions_per_seq=20)
+    masker, out = _run(en_tokenizer, cfg, rows)
+    counts = np.array([len(m.positions) for m in out])
+    budgets = np.array([min(20, max(1, round(0.15 * (~masker.is_special[r]).sum()))) for r in rows])
+    assert np.all(counts <= budgets)
+    assert np.mean(counts == budgets) > 0.97, np.mean(counts == budgets)

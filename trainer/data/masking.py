@@ -7,12 +7,13 @@ Every strategy is the same three vectorised steps over one sample (no Python loo
 2. *Tiles*: the unit sequence is cut into consecutive tiles whose lengths (in units) are drawn i.i.d. from the
    strategy's distribution: always 1 (token, whole-word), p(n) ∝ 1/n for n <= max_ngram (ALBERT: 6/11, 3/11, 2/11
    for n = 1, 2, 3), or geometric(p) clipped at max_span (SpanBERT).
-3. *Selection*: tiles are taken in a random order while the running token count stays within the budget
-   ``min(max_predictions_per_seq, max(1, round(rate * non_special_tokens)))``.
+3. *Selection*: tiles are scanned in a random order, each taken if it fits what is left of the budget
+   ``min(max_predictions_per_seq, max(1, round(rate * non_special_tokens)))`` and skipped otherwise.
 
 Tiling instead of ALBERT's "draw an n-gram at a random start, reject it if it overlaps" gives non-overlapping
 n-grams in O(L) numpy without a rejection loop, and the tile lengths follow p(n) exactly; like ALBERT's loop, the
-selection step slightly favours short tiles near the budget (a long tile is the one that no longer fits). N-grams
+selection step skips a tile that no longer fits and goes on (so it slightly favours short tiles near the budget, and
+fills the budget whenever enough short tiles remain). N-grams
 may span a [SEP] (their units skip it; the special token itself is never selected), as in ALBERT.
 
 Of the selected tokens, ``mask_prob`` become [MASK], ``random_prob`` a uniformly random non-special token, the
@@ -122,18 +123,15 @@ class Masker:
         np.cumsum(tiles_per_sample[:-1], out=first_tile[1:])
         local_tile = np.arange(num_tiles) - first_tile[tile_sample]
 
-        # 3. selection: tiles in random order (per-sample scores) while the sample's running count fits its budget
+        # 3. selection: tiles in random order (per-sample scores), each taken if it fits what is left of its sample's
+        # budget, else skipped (BERT's whole-word and ALBERT's n-gram loops ``continue`` past a candidate that does
+        # not fit; stopping at the first one predicted 7.7 % fewer tokens for albert_xxlarge, measured by review)
         cand_per_sample = np.bincount(sample_of[cand_pos], minlength=B)
         budget = np.minimum(cfg.max_predictions_per_seq, np.maximum(1, np.round(cfg.rate * cand_per_sample)))
         score = tile_sample + u_order[starts[tile_sample] + local_tile] * 0.5  # sort by sample, then score
         order = np.argsort(score, kind="stable")
-        running = np.cumsum(tile_tokens[order])
-        before = np.zeros(B, np.int64)
-        ends = np.cumsum(tiles_per_sample)
-        before[1:] = np.where(ends[:-1] > 0, running[np.maximum(ends[:-1] - 1, 0)], 0)
-        fits = (running - before[tile_sample[order]]) <= budget[tile_sample[order]]
         tile_selected = np.zeros(num_tiles, dtype=bool)
-        tile_selected[order[fits]] = True
+        tile_selected[order[greedy_fit(tile_tokens[order], tile_sample[order], budget.astype(np.int64))]] = True
         selected = np.zeros(N, dtype=bool)
         selected[cand_pos] = tile_selected[tile_of_unit[unit_of_cand]]
 
@@ -156,6 +154,35 @@ class Masker:
     def draw_tile_lengths(self, u: np.ndarray) -> np.ndarray:
         """Tile lengths (in units) from uniform draws, by inverse CDF of the strategy's distribution."""
         return self.tile_lengths[np.searchsorted(self.tile_cdf, u, side="right")]
+
+
+def greedy_fit(sizes: np.ndarray, sample: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """bool [T]: the tiles a greedy scan takes, per sample in the given order (``sample`` sorted): a tile is taken
+    when it fits what is left of its sample's ``budget``, else skipped and the scan goes on.
+
+    Vectorised in rounds over all samples at once: a round drops the tiles larger than what is left (they can never
+    fit later), takes the prefix of the open tiles that fits and skips the first that does not; the tiles after it
+    stay open for the next round. Every round takes at least one tile of each sample that has open tiles, so there
+    are at most ``max(budget) + 1`` rounds (2-4 in practice); the result is the sequential scan's exactly."""
+    B = len(budget)
+    left = budget.copy()
+    taken = np.zeros(len(sizes), dtype=bool)
+    open_ = np.ones(len(sizes), dtype=bool)
+    ends = np.searchsorted(sample, np.arange(B), side="right")  # one past each sample's last tile
+    while True:
+        open_ &= sizes <= left[sample]
+        if not open_.any():
+            return taken
+        running = np.cumsum(np.where(open_, sizes, 0))
+        before = np.zeros(B, np.int64)
+        before[1:] = np.where(ends[:-1] > 0, running[np.maximum(ends[:-1] - 1, 0)], 0)
+        fit = open_ & (running - before[sample] <= left[sample])
+        taken |= fit
+        over = np.flatnonzero(open_ & ~fit)
+        _, first = np.unique(sample[over], return_index=True)  # each sample's first tile that does not fit
+        open_[fit] = False
+        open_[over[first]] = False
+        left -= np.bincount(sample[fit], weights=sizes[fit], minlength=B).astype(np.int64)
 
 
 def tile_starts(lengths: np.ndarray, unit_sample: np.ndarray, first_unit: np.ndarray,
