@@ -47,7 +47,7 @@ HF_EQUIVALENT = {
                    # layer_norm_eps: Paddle's LayerNorm default, which ERNIE 1.0 was trained with (config.json omits it)
                    dict(vocab_size=18000, max_position_embeddings=513, hidden_act="relu", layer_norm_eps=1e-5)),
     "ernie2-base": (T.ErnieForPreTraining, T.ErnieConfig, dict(type_vocab_size=4, use_task_id=True,
-                                                               task_type_vocab_size=3)),
+                                                               task_type_vocab_size=3, layer_norm_eps=1e-5)),
     "tiny": (T.BertForPreTraining, T.BertConfig,
              dict(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=128)),

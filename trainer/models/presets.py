@@ -77,9 +77,10 @@ def _rows() -> dict[str, Preset]:
         # ERNIE 1.0 (Chinese, Baidu's released ernie-1.0-base-zh: 18k character vocabulary, ReLU, 513 positions).
         "ernie-base": Preset(_bert(768, 12, 12, vocab_size=18000, max_position_embeddings=513, hidden_act="relu",
                                    layer_norm_eps=1e-5, family="ernie"), BERT_HEADS, "BERT-base shape"),
-        # ERNIE 2.0 (English base: 4 segment types, task embeddings for its 3 task types).
+        # ERNIE 2.0 (English base: 4 segment types, task embeddings for its 3 task types). LayerNorm eps 1e-5 as the
+        # released ernie-2.0-base-en (nghuyong/ernie-2.0-base-en config.json; Paddle's LayerNorm default).
         "ernie2-base": Preset(_bert(768, 12, 12, type_vocab_size=4, extra_embeddings={"task": 3},
-                                    family="ernie"), BERT_HEADS, "110M"),
+                                    layer_norm_eps=1e-5, family="ernie"), BERT_HEADS, "110M"),
         # Tiny rows for tests, recipes' tiny_* variants and the quickstart: seconds per hundred steps on a CPU.
         "tiny": Preset(_bert(64, 2, 4, vocab_size=1024, intermediate_size=128, max_position_embeddings=512),
                        BERT_HEADS, "-"),
