@@ -43,7 +43,7 @@ CASES = [
     ("segment-pair (bert_base)", "bert_base", {}),
     ("sentence-pair (bert_base + format)", "bert_base", {"format": "sentence-pair"}),
     ("sop-pair (albert_base)", "albert_base", {}),
-    ("full-sentences (electra_small)", "electra_small", {}),
+    ("sop-pair, no swaps (electra_small)", "electra_small", {}),
     ("full-sentences (roberta_base)", "roberta_base", {}),
     ("doc-sentences (roberta_base + format)", "roberta_base", {"format": "doc-sentences"}),
     ("doc-sentences packed (roberta_base + pack)", "roberta_base",

@@ -27,11 +27,10 @@ PAPERS = {
     "albert_large": ("albert-large", "mlm+sop", "lamb", 0.00176, 0.999, 3125, 125_000, 4096, 512, "sop-pair"),
     "albert_xlarge": ("albert-xlarge", "mlm+sop", "lamb", 0.00176, 0.999, 3125, 125_000, 4096, 512, "sop-pair"),
     "albert_xxlarge": ("albert-xxlarge", "mlm+sop", "lamb", 0.00176, 0.999, 3125, 125_000, 4096, 512, "sop-pair"),
-    "electra_small": ("electra-small", "electra", "adamw", 5e-4, 0.999, 10_000, 1_000_000, 128, 128,
-                      "full-sentences"),
-    "electra_base": ("electra-base", "electra", "adamw", 2e-4, 0.999, 10_000, 766_000, 256, 512, "full-sentences"),
-    "electra_large": ("electra-large", "electra", "adamw", 2e-4, 0.999, 10_000, 1_750_000, 2048, 512,
-                      "full-sentences"),
+    # ELECTRA: its own data builder's [CLS] A [SEP] B [SEP] rows within a document (sop-pair without swaps)
+    "electra_small": ("electra-small", "electra", "adamw", 5e-4, 0.999, 10_000, 1_000_000, 128, 128, "sop-pair"),
+    "electra_base": ("electra-base", "electra", "adamw", 2e-4, 0.999, 10_000, 766_000, 256, 512, "sop-pair"),
+    "electra_large": ("electra-large", "electra", "adamw", 2e-4, 0.999, 10_000, 1_750_000, 2048, 512, "sop-pair"),
 }
 
 
@@ -66,6 +65,12 @@ def test_paper_recipe_has_the_papers_hyperparameters(name):
     assert (cfg.schedule.warmup_steps, cfg.train.steps, cfg.train.global_batch_size) == (warmup, steps, batch)
     assert (cfg.data.max_seq_length, cfg.data.format) == (seq, fmt)
     assert not cfg.data.pack_doc_sentences
+    # short rows: BERT's and ALBERT's create_pretraining_data.py 10 %, ELECTRA's ExampleBuilder 5 %, RoBERTa none
+    # ("We train only with full-length sequences"); ELECTRA's pairs are never swapped (it has no sentence task)
+    short = {"roberta": 0.0, "electra": 0.05}.get(name.split("_")[0], 0.1)
+    assert cfg.data.short_seq_prob == short
+    if name.startswith("electra"):
+        assert cfg.data.nsp_negative_prob == 0.0
     assert cfg.optim.eps == 1e-6 and cfg.optim.weight_decay == 0.01
     assert cfg.data.masking.rate == (0.25 if name == "electra_large" else 0.15)
     # generator input corruption: ELECTRA's released code puts [MASK] at 85 % of the selected positions and keeps
