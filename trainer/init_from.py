@@ -119,7 +119,25 @@ def init_source_weights(source: Path) -> tuple[dict[str, torch.Tensor], int | No
         return weights, cfg.vocab_size
     if kind == "hugging face":
         from trainer.models.hf_convert import import_hf
-        cfg, weights = import_hf(source)
+        try:
+            cfg, weights = import_hf(source)
+        except ValueError as err:  # weights that do not match the config, a family we cannot import: say which key
+            raise ValueError(f"checkpoint.init_from {source}: {err}") from None
         return weights, cfg.vocab_size
     weights, run_config = checkpoint.load_model_state(source)
     return weights, ((run_config or {}).get("model") or {}).get("vocab_size")
+
+
+def as_electra_discriminator(model_keys, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``weights`` of one unprefixed model (no ``discriminator.``/``generator.`` keys, no MLM head) given the
+    ``discriminator.`` prefix when the run's model is an ELECTRA pair (``model_keys`` hold ``discriminator.*``);
+    anything else is returned as is.
+
+    The hub ships google/electra-*-discriminator and -generator as two folders; the discriminator's folder alone
+    imports as one model, and loading it into the pair said "the source lacks 62 of 62 encoder tensors" (review of
+    2026-12-06). Taken as the discriminator, the run starts a new generator, which ``load_init_weights`` names. A
+    model with an MLM head is a generator (or a BERT-like model), not a discriminator: it is left to be refused."""
+    if not any(k.startswith("discriminator.") for k in model_keys) or \
+            any(k.startswith(("discriminator.", "generator.", "heads.mlm.")) for k in weights):
+        return weights
+    return {f"discriminator.{k}": v for k, v in weights.items()}

@@ -69,6 +69,8 @@ def load_init_weights(model, weights: dict, init_from) -> str:
     source is another architecture (other sizes, family or sharing), and training it from random weights under the
     name of a continued run would waste the allocation."""
     own = model.state_dict()
+    from trainer.init_from import as_electra_discriminator  # a hub discriminator folder alone (init_from.py)
+    weights = as_electra_discriminator(own, weights)
     shapes = [f"{k} {tuple(v.shape)} there, {tuple(own[k].shape)} here" for k, v in weights.items()
               if k in own and tuple(v.shape) != tuple(own[k].shape)]
     if shapes:
@@ -89,7 +91,9 @@ def load_init_weights(model, weights: dict, init_from) -> str:
     if new_heads:
         said.append(f"new heads (not in the source): {new_heads}")
     if fresh_generator:
-        said.append("ELECTRA generator: new (the source has none)")
+        said.append("ELECTRA generator: new (the source has none; to continue a pair such as the hub's "
+                    "electra-*-discriminator and -generator, put the generator's folder in the discriminator's as "
+                    "generator/)")
     if unexpected:
         said.append(f"not used: {len(unexpected)} tensors of the source (first: {sorted(unexpected)[:3]})")
     return "; ".join(said)

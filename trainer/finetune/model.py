@@ -96,7 +96,10 @@ def load_source(path: str | Path) -> Source:
     if kind == "hugging face":
         _hf_family(path)
         from trainer.models.hf_convert import import_hf
-        cfg, state = import_hf(path)
+        try:
+            cfg, state = import_hf(path)
+        except ValueError as err:  # weights that do not match config.json (hf_convert._check_body), and the like
+            raise SourceError(f"--checkpoint {path}: {err}") from None
         encoder, pooler = _split_state(state)
         return Source(cfg, encoder, pooler, tokenizer_here, "hugging face", run_dir=path)
     if (path / STATE_FILE).is_file() or (path / LATEST).is_file() or any(path.glob("global_step*")):

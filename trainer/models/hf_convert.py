@@ -124,7 +124,7 @@ def key_map(cfg: ModelConfig, heads: dict[str, HeadSpec], arch: str) -> list[tup
               + [("cls.predictions.bias", f"heads.{mlm}.decoder.bias", None),
                  ("cls.predictions.decoder.bias", f"heads.{mlm}.decoder.bias", None),
                  ("cls.predictions.decoder.weight", WORD, None)])
-    elif arch == "RobertaForMaskedLM":
+    elif arch == "RobertaForMaskedLM" and mlm:
         m += (_linear("lm_head.dense", f"heads.{mlm}.dense") + _linear("lm_head.layer_norm", f"heads.{mlm}.norm")
               + [("lm_head.bias", f"heads.{mlm}.decoder.bias", None),
                  ("lm_head.decoder.bias", f"heads.{mlm}.decoder.bias", None),
@@ -139,10 +139,10 @@ def key_map(cfg: ModelConfig, heads: dict[str, HeadSpec], arch: str) -> list[tup
                   + [("predictions.bias", f"heads.{mlm}.decoder.bias", None),
                      ("predictions.decoder.bias", f"heads.{mlm}.decoder.bias", None),
                      ("predictions.decoder.weight", WORD, None)])
-    elif arch == "ElectraForPreTraining":
+    elif arch == "ElectraForPreTraining" and tok:
         m += (_linear("discriminator_predictions.dense", f"heads.{tok}.dense")
               + _linear("discriminator_predictions.dense_prediction", f"heads.{tok}.classifier"))
-    elif arch == "ElectraForMaskedLM":
+    elif arch == "ElectraForMaskedLM" and mlm:
         m += (_linear("generator_predictions.dense", f"heads.{mlm}.dense")
               + _linear("generator_predictions.LayerNorm", f"heads.{mlm}.norm")
               + [("generator_lm_head.weight", WORD, None), ("generator_lm_head.bias", f"heads.{mlm}.decoder.bias",
@@ -334,48 +334,107 @@ def export_hf(cfg: ModelConfig, state_dict: dict, out_dir: str | Path, tokenizer
     return written
 
 
+TIED_COPIES = ("decoder.weight", "decoder.bias", "generator_lm_head.weight")
+"""Hugging Face keys that hold a copy of another tensor (the MLM decoder tied to the word embeddings, its bias to the
+head's bias): a file may store either copy, so neither one alone has to be in it."""
+
+
+def _load_reporting(cls_name: str, folder: Path):
+    """``cls_name.from_pretrained(folder)`` and transformers' loading report (missing/unexpected/mismatched keys).
+
+    Its log is kept at error level (it would call the heads a folder lacks "newly initialized": we drop those); the
+    report itself is what ``_check_body`` reads, so nothing it says is lost."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return getattr(transformers, cls_name).from_pretrained(folder, local_files_only=True,
+                                                               output_loading_info=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _common_prefix(keys: list[str]) -> str | None:
+    """The first dotted component every key shares ("module.", "model."), if any."""
+    firsts = {k.split(".", 1)[0] for k in keys if "." in k}
+    return f"{firsts.pop()}." if len(firsts) == 1 and all("." in k for k in keys) else None
+
+
+def _check_body(folder: Path, cls_name: str, table: list, info: dict) -> set[str]:
+    """Refuse a folder whose file lacks (or holds in another shape) any tensor of the model's body; returns the
+    Hugging Face keys that were not loaded (missing or mismatched), for the caller to decide which heads are held.
+
+    ``from_pretrained`` fills what the file lacks with random values and, at the log level we load with, says
+    nothing: a DDP/Lightning state dict saved as is (every key prefixed ``module.``/``model.``), a truncated save
+    without its last layer or a file without its word embeddings were imported as the checkpoint's weights, and a
+    "continued" run or a fine-tuning score started from random tensors (review of 2026-12-06). Heads are optional
+    (a head the file lacks is dropped, and a new one is named by whoever builds the model); tied copies are not
+    needed when their original is there."""
+    mismatched = {m[0] if isinstance(m, (tuple, list)) else m for m in info.get("mismatched_keys") or []}
+    not_loaded = set(info.get("missing_keys") or []) | mismatched
+    body = [h for h, ours, _ in table if ours.startswith("encoder.") and not h.endswith(TIED_COPIES)]
+    lacking = sorted(dict.fromkeys(h for h in body if h in not_loaded))
+    if lacking:
+        wrong_shape = [h for h in lacking if h in mismatched]
+        unexpected = sorted(info.get("unexpected_keys") or [])
+        said = (f"{folder}: its weights do not match its config.json: {len(lacking)} of the {len(set(body))} "
+                f"tensors of the model body ({cls_name}) are not in the file"
+                f"{f' or have another shape ({len(wrong_shape)}: {wrong_shape[:3]})' if wrong_shape else ''} "
+                f"(first: {lacking[:4]}); transformers would fill them with random values, so it is refused")
+        prefix = _common_prefix(unexpected)
+        if prefix and prefix not in ("cls.", "lm_head.", "predictions.", "sop_classifier.", "qa_outputs.",
+                                     "classifier."):
+            said += (f". All {len(unexpected)} keys it does not use start with {prefix!r}: a wrapper's state dict "
+                     f"(DDP, Lightning, another trainer) saved as is. Save the inner model with save_pretrained, or "
+                     f"strip the prefix ({{k.removeprefix({prefix!r}): v for k, v in state_dict.items()}}) and save "
+                     "the weights again")
+        elif unexpected:
+            said += f". The file holds {len(unexpected)} keys the config does not use (first: {unexpected[:3]})"
+        else:
+            said += (". The file is incomplete (a truncated or partial save, or a config.json of another size): "
+                     "fetch or save the folder again")
+        raise ValueError(said)
+    return not_loaded
+
+
 def _read_weights(folder: Path, cfg: ModelConfig, arch: str) -> tuple[dict, dict[str, HeadSpec], str]:
     """A folder's weights as a transformers state dict, the heads they hold, and the class whose key names it uses.
 
     BERT, ERNIE and ALBERT are read through ``*ForPreTraining`` whatever class ``architectures`` names: released
     folders (bert-base-uncased, albert-base-v2) name ``*ForMaskedLM`` while their weights keep the pooler and the
     NSP/SOP head, and reading them through the named class would drop the pooler that fine-tuning starts from (as
-    ``*ForSequenceClassification.from_pretrained`` keeps it). A head is taken when the folder holds all of its
-    weights (transformers' own loading report); a pooler without its NSP/SOP classifier is taken with a new classifier,
-    said once. RoBERTa and ELECTRA have no pooler: they are read through the named class.
+    ``*ForSequenceClassification.from_pretrained`` keeps it). RoBERTa and ELECTRA have no pooler: they are read
+    through the named class. For every family, a body tensor the file lacks is refused (``_check_body``); a head is
+    taken when the file holds all of its weights (transformers' own loading report); a pooler without its NSP/SOP
+    classifier is taken with a new classifier, said once.
     """
-    import transformers
-
     fam = cfg.family
-    if fam not in ("bert", "ernie", "albert"):
-        model = getattr(transformers, arch).from_pretrained(folder, local_files_only=True)
-        return model.state_dict(), heads_for_architecture(fam, arch), arch
-    pre = f"{CLASS_STEM[fam]}ForPreTraining"
-    from transformers.utils import logging as hf_logging
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # its report would call the heads a folder lacks "newly initialized": we drop them
-    try:
-        model, info = getattr(transformers, pre).from_pretrained(folder, local_files_only=True,
-                                                                 output_loading_info=True)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    missing = set(info["missing_keys"])
     seq = SOP if fam == "albert" else NSP
-    table = key_map(cfg, {MLM: HeadSpec("mlm"), seq: HeadSpec("sequence", 2)}, pre)
+    if fam in ("bert", "ernie", "albert"):
+        read_as, candidates = f"{CLASS_STEM[fam]}ForPreTraining", {MLM: HeadSpec("mlm"), seq: HeadSpec("sequence", 2)}
+    else:
+        read_as, candidates = arch, heads_for_architecture(fam, arch)
+    model, info = _load_reporting(read_as, folder)
+    table = key_map(cfg, candidates, read_as)
+    not_loaded = _check_body(folder, read_as, table, info)
 
     def held(ours_prefix: str) -> bool:
-        keys = {h for h, k, _ in table if k.startswith(ours_prefix) and not h.endswith(("decoder.weight",
-                                                                                          "decoder.bias"))}
-        return bool(keys) and not keys & missing
+        keys = {h for h, k, _ in table if k.startswith(ours_prefix) and not h.endswith(TIED_COPIES)}
+        return bool(keys) and not keys & not_loaded
 
     heads = {}
-    if held(f"heads.{MLM}."):
-        heads[MLM] = HeadSpec("mlm")
-    if held(f"heads.{seq}.pooler"):
-        heads[seq] = HeadSpec("sequence", 2)
-        if not held(f"heads.{seq}.classifier"):
-            warn0(f"{folder}: the pooler is imported, the {seq.upper()} classifier is not in the folder (a new one)")
-    return model.state_dict(), heads, pre
+    for name, spec in candidates.items():
+        if name == seq and spec.kind == "sequence":
+            if held(f"heads.{seq}.pooler"):
+                heads[seq] = spec
+                if not held(f"heads.{seq}.classifier"):
+                    warn0(f"{folder}: the pooler is imported, the {seq.upper()} classifier is not in the folder "
+                          "(a new one)")
+        elif held(f"heads.{name}."):
+            heads[name] = spec
+    return model.state_dict(), heads, read_as
 
 
 def import_hf(folder: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
