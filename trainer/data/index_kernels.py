@@ -84,7 +84,8 @@ def walk(lengths, docs, first, s, d, stop, mode, budget, min_sent, min_tail, kee
     (min(tokens, budget) + 2) to ``row_tokens``; returns (rows written, next s, its document). ``nsp_prob`` > 0
     (NSP formats): a pair chunk is a negative with that probability, written as (start, start + A's sentences,
     -target), and the chain goes on from the end of A (BERT's unused segments put back); a lone sentence left in
-    the middle of a document by that is a negative too (BERT's rule for a one-segment chunk)."""
+    the middle of a document by that, or a document of one sentence, is a negative too (BERT's rule for a
+    one-segment chunk: create_instances_from_document never drops one)."""
     n = len(lengths)
     cap = len(out)
     k = 0
@@ -119,7 +120,8 @@ def walk(lengths, docs, first, s, d, stop, mode, budget, min_sent, min_tail, kee
         for e in range(s, nxt):
             c, dd = cost1(lengths, docs, dd, e, mode)
             tokens += c
-        if nsp_prob > 0 and tokens > 0 and (nxt - s >= 2 or s > docs[d]):
+        # (a one-sentence document is a one-segment chunk too: BERT makes it a negative, never drops it)
+        if nsp_prob > 0 and tokens > 0:
             a = nsp1(first + s, seed_mix, nsp_prob, nxt - s) if nxt - s >= 2 else np.int64(1)
             if mode == SENTENCE_PAIR and a > 1:
                 a = np.int64(1)  # one natural sentence each side
