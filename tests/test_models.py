@@ -94,6 +94,21 @@ def test_sequence_and_token_heads_shapes():
         PretrainingModel(cfg, {"x": HeadSpec("pooled")})
 
 
+def test_pretraining_sentence_heads_have_no_dropout_after_the_pooler():
+    """NSP/SOP logits in training mode are a function of the [CLS] hidden state alone, as in BERT's
+    get_next_sentence_output and ALBERT's get_sentence_order_output (no dropout between pooler and classifier);
+    the encoder's own dropout is untouched."""
+    from trainer.models.heads import SequenceHead
+
+    cfg = get_preset("tiny", dropout=0.5)
+    head = SequenceHead(cfg, 2).train()
+    hidden = torch.randn(64, 3, cfg.hidden_size)
+    torch.manual_seed(0)
+    a = head(hidden)
+    torch.manual_seed(1)
+    assert torch.equal(a, head(hidden))
+
+
 # ---------------------------------------------------------------------------------------------------- padding
 @pytest.mark.parametrize("name", ["tiny", "tiny-roberta", "tiny-albert"])
 @pytest.mark.parametrize("unpad", [False, True])

@@ -42,18 +42,21 @@ class MLMHead(nn.Module):
 
 
 class SequenceHead(nn.Module):
-    """Classifier on the first ([CLS]) token through BERT's pooler (dense + tanh): NSP, SOP, later multi-class."""
+    """Classifier on the first ([CLS]) token through BERT's pooler (dense + tanh): NSP, SOP, later multi-class.
+
+    No dropout between the pooler and the classifier: pretraining's sentence heads have none in BERT's
+    ``get_next_sentence_output``, ALBERT's ``get_sentence_order_output``, ERNIE's ``next_sent_fc`` or transformers'
+    ``BertPreTrainingHeads`` (fine-tuning classifiers, trainer/finetune/heads.py, keep theirs)."""
 
     def __init__(self, cfg: ModelConfig, num_labels: int = 2):
         super().__init__()
         self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.dropout = nn.Dropout(cfg.dropout)
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
         self.apply(lambda m: init_weights(m, cfg))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [B, T, H] -> logits [B, num_labels]."""
-        return self.classifier(self.dropout(torch.tanh(self.pooler(hidden[:, 0]))))
+        return self.classifier(torch.tanh(self.pooler(hidden[:, 0])))
 
 
 class TokenHead(nn.Module):
