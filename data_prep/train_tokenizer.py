@@ -3,6 +3,11 @@
 
     python data_prep/train_tokenizer.py --kind wordpiece|bbpe|unigram|zh --input SPEC [SPEC ...] --output DIR
         [--vocab-size N] [--lowercase | --cased] [--json-key text] [--limit-bytes 500M]
+    python data_prep/train_tokenizer.py --from-pretrained HF_FOLDER --output DIR
+
+``--from-pretrained`` trains nothing: it converts a released Hugging Face tokenizer (bert-base-uncased's vocab.txt,
+roberta-large's vocab.json + merges.txt, albert's spiece.model) into this folder layout, so that a corpus for
+continued pretraining is tokenized with the model's own vocabulary (``data_prep/import_tokenizer.py``).
 
 Kinds (a row of ``KINDS`` each):
 
@@ -330,10 +335,14 @@ def _write_json(path: Path, obj) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="train_tokenizer.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kind", required=True, choices=sorted(KINDS), help="wordpiece (BERT), bbpe (RoBERTa), "
-                   "unigram (ALBERT SentencePiece), zh (ERNIE Chinese)")
-    p.add_argument("--input", required=True, nargs="+", metavar="SPEC",
-                   help="files, directories, globs or builtin:pydocs (as build_indexed.py)")
+    p.add_argument("--kind", choices=sorted(KINDS), help="wordpiece (BERT), bbpe (RoBERTa), "
+                   "unigram (ALBERT SentencePiece), zh (ERNIE Chinese); required unless --from-pretrained")
+    p.add_argument("--input", nargs="+", metavar="SPEC",
+                   help="files, directories, globs or builtin:pydocs (as build_indexed.py); required unless "
+                        "--from-pretrained")
+    p.add_argument("--from-pretrained", type=Path, default=None, metavar="HF_FOLDER",
+                   help="convert this Hugging Face tokenizer folder (a released model's) instead of training one; "
+                        "kind, case and special tokens are read from it")
     p.add_argument("--output", required=True, type=Path, help="tokenizer folder to write")
     p.add_argument("--vocab-size", type=int, default=None, help="default per kind: " +
                    ", ".join(f"{k} {v.default_vocab_size}" for k, v in KINDS.items()))
@@ -354,6 +363,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.from_pretrained is not None:
+        return from_pretrained(args)
+    if args.kind is None or args.input is None:
+        raise SystemExit("error: --kind and --input are required (or --from-pretrained HF_FOLDER)")
     kind = KINDS[args.kind]
     vocab_size = args.vocab_size or kind.default_vocab_size
     if vocab_size < 16:
@@ -406,6 +419,26 @@ def main(argv: list[str] | None = None) -> int:
     elif actual > vocab_size:
         print(f"warning: the vocabulary has {actual:,} tokens, more than --vocab-size {vocab_size:,}: the corpus has "
               f"more distinct characters than that and each one needs a token", file=sys.stderr)
+    return 0
+
+
+def from_pretrained(args) -> int:
+    """``--from-pretrained``: the options that shape training do not apply and are refused rather than ignored."""
+    from data_prep.import_tokenizer import TokenizerImportError, import_pretrained
+
+    given = [f"--{n.replace('_', '-')}" for n in ("kind", "input", "vocab_size", "lowercase", "limit_bytes")
+             if getattr(args, n) is not None]
+    if given:
+        raise SystemExit(f"error: {' '.join(given)} cannot be combined with --from-pretrained (the released "
+                         "tokenizer decides its kind, vocabulary and case)")
+    try:
+        meta = import_pretrained(args.from_pretrained, args.output)
+    except TokenizerImportError as err:
+        raise SystemExit(f"error: {err}") from None
+    print(f"{meta['kind']} tokenizer: {meta['vocab_size']:,} tokens ({'uncased' if meta['lowercase'] else 'cased'}) "
+          f"imported from {args.from_pretrained} -> {args.output}")
+    print(f"fingerprint {fingerprint_folder(args.output)[:16]}, special ids "
+          + " ".join(f"{meta['special_tokens'][r]['token']}={meta['special_tokens'][r]['id']}" for r in ROLES))
     return 0
 
 

@@ -128,3 +128,95 @@ def test_electra_discriminator_folder_alone_continues_as_the_discriminator(tmp_p
     bert = PretrainingModel(get_preset("tiny", vocab_size=VOCAB), BERT_HEADS).state_dict()
     with pytest.raises(ValueError, match="the source lacks"):
         load_init_weights(ElectraPretrainingModel(cfg), bert, "SRC")
+
+
+# ------------------------------------------------------------------------------------------- released tokenizers
+def _text(en_corpus, tmp_path) -> tuple:
+    """A few documents of the English test corpus (paragraphs are documents) and their lines."""
+    data = en_corpus.read_text(encoding="utf-8")
+    text = data[: data.index("\n\n", 20_000) + 2]
+    path = tmp_path / "docs.txt"
+    path.write_text(text, encoding="utf-8")
+    return path, [line for line in text.splitlines() if line.strip()][:200]
+
+
+def _bert_hub_folder(folder, lines, shuffle_seed=None):
+    """bert-base-uncased's layout: config.json + weights + vocab.txt only (no tokenizer.json, no tokenizer_config)."""
+    from collections import Counter
+    words = Counter(w.strip(".,;:()'\"").lower() for line in lines for w in line.split())
+    vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(3)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    chars = sorted({c for line in lines for c in line.lower() if not c.isspace()})
+    vocab += chars + [f"##{c}" for c in chars] + [w for w, _ in words.most_common(150) if w and w not in chars]
+    if shuffle_seed is not None:  # the same tokens, other ids: a vocabulary of the same size that is not this one
+        import random
+        body = vocab[8:]
+        random.Random(shuffle_seed).shuffle(body)
+        vocab = vocab[:8] + body
+    cfg = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=37, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.BertForMaskedLM(cfg).save_pretrained(folder)
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    return len(vocab)
+
+
+def _roberta_hub_folder(folder, lines):
+    """roberta's layout: config.json + weights + vocab.json + merges.txt."""
+    import tokenizers
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(lines, vocab_size=400, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+                            show_progress=False)
+    folder.mkdir(parents=True)
+    bpe.save_model(str(folder))
+    size = bpe.get_vocab_size()
+    cfg = transformers.RobertaConfig(vocab_size=size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=37, max_position_embeddings=66, pad_token_id=1)
+    transformers.RobertaForMaskedLM(cfg).save_pretrained(folder)
+    return size
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_released_tokenizer_converts_builds_a_corpus_and_passes_the_init_from_check(family, en_corpus, tmp_path):
+    """`train_tokenizer.py --from-pretrained` turns the hub's tokenizer files into our folder (before: read_metadata
+    refused any folder not written by train_tokenizer.py, so a corpus could not be made with bert-base-uncased's
+    vocabulary); the ids are AutoTokenizer's on the original folder; build_indexed takes it; init_from of the model
+    folder passes the token-by-token check, and a vocabulary of the same size with other ids is refused (before: only
+    the size was compared, and the run trained on scrambled rows)."""
+    from types import SimpleNamespace
+
+    from data_prep import build_indexed, train_tokenizer
+    from data_prep.tokenizer import load_tokenizer
+    from trainer.init_from import corpus_tokenizer_dir
+
+    docs, lines = _text(en_corpus, tmp_path)
+    hub = tmp_path / "hub"
+    size = (_bert_hub_folder if family == "bert" else _roberta_hub_folder)(hub, lines)
+    assert train_tokenizer.main(["--from-pretrained", str(hub), "--output", str(tmp_path / "tok")]) == 0
+    ours = load_tokenizer(tmp_path / "tok")
+    assert (ours.kind, ours.lowercase, ours.vocab_size) == (("wordpiece", True, size) if family == "bert"
+                                                             else ("bbpe", False, size))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(hub))
+    assert [ours.encode(t) for t in lines] == [theirs.encode(t, add_special_tokens=False) for t in lines]
+    assert (ours.pad_id, ours.cls_id, ours.mask_id) == (theirs.pad_token_id, theirs.cls_token_id,
+                                                        theirs.mask_token_id)
+    prefix = tmp_path / "corpus" / "train"
+    assert build_indexed.main(["--input", str(docs), "--tokenizer", str(tmp_path / "tok"), "--output-prefix",
+                               str(prefix)]) == 0
+    corpus_tok = corpus_tokenizer_dir(SimpleNamespace(data=SimpleNamespace(corpora=[SimpleNamespace(prefix=prefix)])))
+    assert corpus_tok is not None and corpus_tok.resolve() == (tmp_path / "tok").resolve()
+    init_from.init_weights(hub, tmp_path / "run", rank=0, vocab_size=(size, size), tokenizer_dir=corpus_tok)
+    if family == "bert":
+        other = tmp_path / "other"
+        assert _bert_hub_folder(other, lines, shuffle_seed=1) == size
+        with pytest.raises(ValueError, match=r"its tokenizer is not the corpus tokenizer .*tokens have another id "
+                                             r"or are missing \(first: id 8 .*--from-pretrained"):
+            init_from.init_weights(other, tmp_path / "run", rank=0, vocab_size=(size, size), tokenizer_dir=corpus_tok)
+
+
+def test_from_pretrained_refuses_what_it_cannot_use(tmp_path):
+    from data_prep import train_tokenizer
+    with pytest.raises(SystemExit, match="no tokenizer files"):
+        train_tokenizer.main(["--from-pretrained", str(tmp_path), "--output", str(tmp_path / "tok")])
+    with pytest.raises(SystemExit, match="--kind --vocab-size cannot be combined with --from-pretrained"):
+        train_tokenizer.main(["--from-pretrained", str(tmp_path), "--kind", "bbpe", "--vocab-size", "100",
+                              "--output", str(tmp_path / "tok")])

@@ -17,13 +17,16 @@ from trainer import checkpoint
 
 
 def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s: float | None = None,
-                 poll_s: float = 2.0, vocab_size: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
+                 poll_s: float = 2.0, vocab_size: tuple[int, int] | None = None,
+                 tokenizer_dir: str | Path | None = None) -> dict[str, torch.Tensor]:
     """``checkpoint.init_from``'s consolidated fp32 weights, consolidated once per run.
 
     ``init_from`` is a trainer checkpoint (``global_stepN``, or a ``checkpoints`` folder: its newest complete one), our
     model folder (``python -m trainer.export_hf``'s sibling, ``trainer.models.model_folder``) or a local Hugging Face
     folder of the five families (a released model, or an export of ours: ``trainer.models.hf_convert.import_hf``).
     ``vocab_size`` (the corpus tokenizer's, the model's): the source's vocabulary must lie between them.
+    ``tokenizer_dir`` (the corpus tokenizer's folder): where the source folder holds tokenizer files, every token must
+    have the same id in both, and so must pad/cls/sep/mask/unk (``check_vocabulary``).
 
     Rank 0 runs the consolidation (``load_model_state``: every ZeRO shard of the source checkpoint) and writes one
     file in ``cache_dir``; the other ranks wait for it on the shared filesystem (not in a collective: consolidating a
@@ -62,6 +65,7 @@ def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s
                                  f"{source_vocab} tokens; this run's corpus tokenizer has {low} and its model "
                                  f"{high} rows (model.vocab_size): another tokenizer; use the source's tokenizer and "
                                  "corpus")
+            check_vocabulary(init_from, source, tokenizer_dir)
             tmp = out.with_suffix(".tmp")
             try:
                 torch.save(weights, tmp)
@@ -141,3 +145,36 @@ def as_electra_discriminator(model_keys, weights: dict[str, torch.Tensor]) -> di
             any(k.startswith(("discriminator.", "generator.", "heads.mlm.")) for k in weights):
         return weights
     return {f"discriminator.{k}": v for k, v in weights.items()}
+
+
+def corpus_tokenizer_dir(cfg) -> Path | None:
+    """The tokenizer folder of a run's first corpus (its manifest), None where it cannot be found (then the
+    vocabulary is checked by size only)."""
+    try:
+        from data_prep.manifest import tokenizer_dir
+        return tokenizer_dir(cfg.data.corpora[0].prefix)
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+
+
+def check_vocabulary(init_from, source: Path, tokenizer_dir: str | Path | None) -> None:
+    """Refuse a source folder whose own tokenizer files map tokens to other ids than the run's corpus tokenizer.
+
+    The size check alone let a WordPiece bert folder continue on a byte-level BPE corpus of the same size (every
+    embedding row meaning another token; review of 2026-12-06). Only folders that carry tokenizer files can be
+    compared (a released model's, an export of ours); a trainer checkpoint's corpus is checked by fingerprint when
+    resumed, not here."""
+    from data_prep.import_tokenizer import TokenizerImportError, has_tokenizer, vocabulary_difference
+    from data_prep.tokenizer import TokenizerFolderError
+    if tokenizer_dir is None or not source.is_dir() or not has_tokenizer(source):
+        return
+    try:
+        diff = vocabulary_difference(source, Path(tokenizer_dir))
+    except (TokenizerImportError, TokenizerFolderError) as err:
+        raise ValueError(f"checkpoint.init_from {init_from}: cannot compare its tokenizer with the corpus "
+                         f"tokenizer {tokenizer_dir}: {err}") from None
+    if diff:
+        raise ValueError(f"checkpoint.init_from {init_from}: its tokenizer is not the corpus tokenizer "
+                         f"{tokenizer_dir}: {diff}. Build the corpus with the source's tokenizer "
+                         f"(python data_prep/train_tokenizer.py --from-pretrained {source} --output DIR, then "
+                         "build_indexed.py --tokenizer DIR), or start from a source trained on this tokenizer")
