@@ -220,3 +220,27 @@ def test_from_pretrained_refuses_what_it_cannot_use(tmp_path):
     with pytest.raises(SystemExit, match="--kind --vocab-size cannot be combined with --from-pretrained"):
         train_tokenizer.main(["--from-pretrained", str(tmp_path), "--kind", "bbpe", "--vocab-size", "100",
                               "--output", str(tmp_path / "tok")])
+
+
+def test_a_hugging_face_trainer_checkpoint_folder_is_named_for_what_it_is(tmp_path):
+    """An HF Trainer + DeepSpeed `checkpoint-500/` (config.json + model.safetensors beside DeepSpeed's `latest` and
+    global_step500/) was refused as "not a Hugging Face folder (config.json)". Now the refusal says what it is and what
+    to do, and doing it works. (The DeepSpeed state here is a stand-in file: the folder is refused before reading it.)"""
+    import shutil
+    folder = tmp_path / "checkpoint-500"
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=37, max_position_embeddings=40)
+    transformers.BertForMaskedLM(cfg).save_pretrained(folder)
+    (folder / "latest").write_text("global_step500")
+    (folder / "global_step500").mkdir()
+    (folder / "global_step500" / "mp_rank_00_model_states.pt").write_bytes(b"")
+    said = r"holds config\.json and Hugging Face weights beside a DeepSpeed checkpoint .*copy config\.json"
+    with pytest.raises(FileNotFoundError, match=said):
+        init_from.init_weights(folder, tmp_path / "run", rank=0)
+    with pytest.raises(SourceError, match=said):
+        load_source(folder)
+    own = tmp_path / "model"
+    own.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy2(folder / name, own / name)
+    assert "encoder.embeddings.word.weight" in init_from.init_weights(own, tmp_path / "run", rank=0)

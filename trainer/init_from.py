@@ -110,7 +110,26 @@ def init_source(init_from: str | Path) -> Path:
     except FileNotFoundError:
         raise FileNotFoundError(f"checkpoint.init_from {init_from}: not a trainer checkpoint (no complete "
                                 f"global_stepN), not a model folder (model_config.json + model.safetensors) and not a "
-                                f"Hugging Face folder (config.json)") from None
+                                f"Hugging Face folder (config.json){foreign_checkpoint_hint(path)}") from None
+
+
+HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                   "pytorch_model.bin.index.json")
+
+
+def foreign_checkpoint_hint(path: Path) -> str:
+    """What to say about a Hugging Face Trainer checkpoint (``checkpoint-500/``: config.json and the model's weights
+    beside DeepSpeed's ``latest`` and ``global_step500/``), "" for anything else.
+
+    ``folder_kind`` gives checkpoint markers precedence (our own checkpoints hold them), so such a folder is read as a
+    DeepSpeed checkpoint of ours, which it is not, and the refusal said it was "not a Hugging Face folder
+    (config.json)" although it holds one (review of 2026-12-06)."""
+    if not (path / "config.json").is_file() or not any((path / n).is_file() for n in HF_WEIGHT_FILES):
+        return ""
+    return (f". {path} holds config.json and Hugging Face weights beside a DeepSpeed checkpoint ({checkpoint.LATEST}"
+            " / global_step*) that another trainer wrote (a Hugging Face Trainer checkpoint-N folder), not this "
+            "trainer's: copy config.json, the weights file(s) and the tokenizer files into a folder of their own "
+            "and name that folder")
 
 
 def init_source_weights(source: Path) -> tuple[dict[str, torch.Tensor], int | None]:

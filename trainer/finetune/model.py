@@ -109,7 +109,8 @@ def load_source(path: str | Path) -> Source:
         try:
             state, run_config = load_model_state(path)
         except (FileNotFoundError, UntrustedCheckpointError) as err:
-            raise SourceError(f"--checkpoint {path}: {err}") from None
+            from trainer.init_from import foreign_checkpoint_hint  # an HF Trainer checkpoint-N folder
+            raise SourceError(f"--checkpoint {path}: {err}{foreign_checkpoint_hint(path)}") from None
         family = (run_config.get("model") or {}).get("family")
         if family is not None and family not in FAMILIES:
             raise SourceError(f"--checkpoint {path}: model family {family!r} is not supported ({FAMILIES})")
