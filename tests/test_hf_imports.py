@@ -244,3 +244,17 @@ def test_a_hugging_face_trainer_checkpoint_folder_is_named_for_what_it_is(tmp_pa
     for name in ("config.json", "model.safetensors"):
         shutil.copy2(folder / name, own / name)
     assert "encoder.embeddings.word.weight" in init_from.init_weights(own, tmp_path / "run", rank=0)
+
+
+def test_source_settings_that_are_not_shapes_must_be_the_runs(tmp_path):
+    """hidden_act / layer_norm_eps / pad_token_id / position_offset of the source were replaced by model.*'s without a
+    word (ernie-1.0-base-zh, relu and eps 1e-5, continued as gelu and 1e-12); now they must match."""
+    from trainer.models.hf_convert import config_from_hf
+    folder, _ = _bert_folder(tmp_path, "relu", hidden_act="relu", layer_norm_eps=1e-5)
+    ours = config_from_hf(transformers.AutoConfig.from_pretrained(folder))
+    with pytest.raises(ValueError, match=r"other model settings \(hidden_act 'relu' there, 'gelu' here, layer_norm_eps "
+                                         r"1e-05 there, 1e-12 here\).*--set model\.hidden_act=relu --set "
+                                         r"model\.layer_norm_eps=1e-05"):
+        init_from.init_weights(folder, tmp_path / "run", rank=0,
+                               model_cfg=ours.replace(hidden_act="gelu", layer_norm_eps=1e-12))
+    init_from.init_weights(folder, tmp_path / "run", rank=0, model_cfg=ours)

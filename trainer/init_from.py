@@ -18,7 +18,7 @@ from trainer import checkpoint
 
 def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s: float | None = None,
                  poll_s: float = 2.0, vocab_size: tuple[int, int] | None = None,
-                 tokenizer_dir: str | Path | None = None) -> dict[str, torch.Tensor]:
+                 tokenizer_dir: str | Path | None = None, model_cfg=None) -> dict[str, torch.Tensor]:
     """``checkpoint.init_from``'s consolidated fp32 weights, consolidated once per run.
 
     ``init_from`` is a trainer checkpoint (``global_stepN``, or a ``checkpoints`` folder: its newest complete one), our
@@ -26,7 +26,8 @@ def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s
     folder of the five families (a released model, or an export of ours: ``trainer.models.hf_convert.import_hf``).
     ``vocab_size`` (the corpus tokenizer's, the model's): the source's vocabulary must lie between them.
     ``tokenizer_dir`` (the corpus tokenizer's folder): where the source folder holds tokenizer files, every token must
-    have the same id in both, and so must pad/cls/sep/mask/unk (``check_vocabulary``).
+    have the same id in both, and so must pad/cls/sep/mask/unk (``check_vocabulary``). ``model_cfg`` (the run's
+    ModelConfig): the source's activation, LayerNorm eps, pad id and position offset must be its (``check_fields``).
 
     Rank 0 runs the consolidation (``load_model_state``: every ZeRO shard of the source checkpoint) and writes one
     file in ``cache_dir``; the other ranks wait for it on the shared filesystem (not in a collective: consolidating a
@@ -54,7 +55,9 @@ def init_weights(init_from: str | Path, cache_dir: str | Path, rank: int, wait_s
     checkpoint._barrier()
     if rank == 0:
         try:
-            weights, source_vocab = init_source_weights(source)
+            weights, source_cfg = _source_weights(source)
+            source_vocab = getattr(source_cfg, "vocab_size", None)
+            check_fields(init_from, source_cfg, model_cfg)
             low, high = vocab_size if vocab_size is not None else (None, None)
             if source_vocab is not None and low is not None and not low <= source_vocab <= high:
                 # Rows cannot be fitted across tokenizers: above the model's vocab_size fit_rows would cut real rows;
@@ -135,20 +138,51 @@ def foreign_checkpoint_hint(path: Path) -> str:
 def init_source_weights(source: Path) -> tuple[dict[str, torch.Tensor], int | None]:
     """Our model's state dict from a folder ``init_source`` returned, and the vocabulary size it was trained with
     (None where a checkpoint's config does not say)."""
+    weights, cfg = _source_weights(source)
+    return weights, getattr(cfg, "vocab_size", None)
+
+
+def _source_weights(source: Path):
+    """(state dict, the source's ModelConfig or None where a checkpoint's config cannot be read as one)."""
     kind = folder_kind(source)
     if kind == "model folder":
         from trainer.models.model_folder import load_model_folder
         cfg, weights = load_model_folder(source)
-        return weights, cfg.vocab_size
+        return weights, cfg
     if kind == "hugging face":
         from trainer.models.hf_convert import import_hf
         try:
             cfg, weights = import_hf(source)
         except ValueError as err:  # weights that do not match the config, a family we cannot import: say which key
             raise ValueError(f"checkpoint.init_from {source}: {err}") from None
-        return weights, cfg.vocab_size
+        return weights, cfg
     weights, run_config = checkpoint.load_model_state(source)
-    return weights, ((run_config or {}).get("model") or {}).get("vocab_size")
+    try:
+        from trainer.export_hf import model_config_from_run
+        return weights, model_config_from_run(run_config or {})
+    except Exception:  # noqa: BLE001  (an old or partial config: the vocabulary size alone, as before)
+        from types import SimpleNamespace
+        return weights, SimpleNamespace(vocab_size=((run_config or {}).get("model") or {}).get("vocab_size"))
+
+
+FIELDS = ("hidden_act", "layer_norm_eps", "pad_token_id", "position_offset")
+
+
+def check_fields(init_from, source_cfg, model_cfg) -> None:
+    """Refuse a source whose activation, LayerNorm eps, pad id or position offset differ from the run's ``model.*``.
+
+    Shapes are checked by loading; these are not, and the source's values were replaced by the recipe's silently
+    (ernie-1.0-base-zh, relu and eps 1e-5, continued as gelu and 1e-12 in a config fitted to its shapes; review of
+    2026-12-06): the weights were trained for the source's values."""
+    if model_cfg is None or source_cfg is None:
+        return
+    differ = [(f, getattr(source_cfg, f), getattr(model_cfg, f)) for f in FIELDS
+              if hasattr(source_cfg, f) and hasattr(model_cfg, f) and getattr(source_cfg, f) != getattr(model_cfg, f)]
+    if differ:
+        there = ", ".join(f"{f} {a!r} there, {b!r} here" for f, a, b in differ)
+        sets = " ".join(f"--set model.{f}={a}" for f, a, _ in differ)
+        raise ValueError(f"checkpoint.init_from {init_from}: the source was trained with other model settings "
+                         f"({there}); its weights need the source's: {sets}")
 
 
 def as_electra_discriminator(model_keys, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -324,7 +324,8 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         from trainer.init_from import corpus_tokenizer_dir, init_weights
         weights = init_weights(cfg.checkpoint.init_from, Path(cfg.run_dir), rank,  # consolidated once
                                vocab_size=(corpus_vocab_size(cfg), cfg.model.vocab_size),
-                               tokenizer_dir=corpus_tokenizer_dir(cfg))  # token-by-token check (init_from.py)
+                               tokenizer_dir=corpus_tokenizer_dir(cfg),  # token-by-token check (init_from.py)
+                               model_cfg=cfg.model)  # and activation, eps, pad id, position offset
         from trainer.models.vocab_padding import fit_to_config  # a source saved with other vocabulary padding
         weights = fit_to_config(weights, cfg.model)
         print0(load_init_weights(comps.model, weights, cfg.checkpoint.init_from))
