@@ -22,6 +22,17 @@ def test_capitalization_tables_and_labels_hand_checked():
     lowered, labels = tasks.capitalization_labels(ids, cand, word_start, lower_id, capital)
     assert lowered.tolist() == [[1, 4, 5, 6, 8, 2, 0]]   # "Big" has no lower-case entry: kept
     assert labels.tolist() == [[-100, 1, 0, 1, 1, -100, -100]]
+    # "Big" kept its case: its word's label is in the input, so with the revealing table it is unlabelled
+    revealing = tasks.case_revealing(vocab)
+    assert revealing.tolist() == [False, False, False, True, False, False, True, True, False, True, False, True]
+    _, hidden = tasks.capitalization_labels(ids, cand, word_start, lower_id, capital, revealing)
+    assert hidden.tolist() == [[-100, 1, 0, -100, -100, -100, -100]]
+    # a word whose continuation piece keeps its case ("pa ##Ab", no "##ab") is unlabelled too; two rows at once
+    ids2 = np.array([[1, 4, 7, 5, 2], [1, 3, 5, 11, 2]])
+    cand2 = np.array([[0, 1, 1, 1, 0], [0, 1, 1, 1, 0]], bool)
+    ws2 = np.array([[1, 1, 0, 1, 1], [1, 1, 1, 1, 1]], bool)
+    _, hidden2 = tasks.capitalization_labels(ids2, cand2, ws2, lower_id, capital, revealing)
+    assert hidden2.tolist() == [[-100, -100, -100, 0, -100], [-100, 1, 0, -100, -100]]
 
 
 def test_token_document_relation_hand_checked():
@@ -147,13 +158,16 @@ def test_token_document_labels_are_cased_when_capitalization_runs_in_the_same_st
     ds.is_special = np.array([True, True, True] + [False] * 6)
     ds.word_start = np.ones(len(vocab), bool)
     ds.tokdoc_max = 4096
+    ds.revealing = tasks.case_revealing(vocab)
+    ds.lowercase_share = 1.0  # every row lower-cased
     # document "The Paris is big | Paris is the big"; the row is its first sentence
     ds.corpora = [_Document([[3, 5, 7, 8], [5, 7, 4, 8]])]
     row = np.array([1, 3, 5, 7, 8, 2])
     # by hand, against the other sentence (Paris is the big): The no, Paris yes, is yes, big yes
     want = [-100, 0, 1, 1, 1, -100]
     alone = ds._token_tasks(row, None, "basic", None, {"token_document"}, [(0, 0, 1)])
-    both = ds._token_tasks(row, None, "basic", None, {"capitalization", "token_document"}, [(0, 0, 1)])
+    both = ds._token_tasks(row, None, "basic", np.random.default_rng(0), {"capitalization", "token_document"},
+                           [(0, 0, 1)])
     assert alone["token_document_labels"].tolist() == want
     assert both["token_document_labels"].tolist() == want
     assert both["input_ids"].tolist() == [1, 4, 6, 7, 8, 2]  # the model still reads the lower-cased row

@@ -36,7 +36,8 @@ def build_dataset(cfg, tokenizer, objective, split: str = "train", global_batch:
                  for name in ("discourse", "ir_relevance") if getattr(opt, name) is not None}
         rows = plan if split == "train" else EvalPlan(opt.continual)
         return MultiTaskDataset(cfg.data, tokenizer, cfg.seed, split, opt.knowledge_masking, G, rows,
-                                opt.reorder_max_pieces, pairs, opt.token_document_max_tokens), plan
+                                opt.reorder_max_pieces, pairs, opt.token_document_max_tokens,
+                                opt.capitalization_lowercase_share), plan
     dlm = opt.dlm
     # the same cache file `python -m trainer.data.build_index` builds ahead of the job (dlm_dialogues)
     dialogues = dlm_dialogues(dlm, tokenizer, split, cache_policy(cfg.data))

@@ -156,6 +156,11 @@ class Ernie2Options(BaseModel):
     ir_relevance: PairTaskConfig | None = None
     token_document_max_tokens: int = Field(4096, ge=1)
     """Token-document relation looks at up to this many tokens of the rest of the document."""
+    capitalization_lowercase_share: float = Field(0.5, gt=0.0, le=1.0)
+    """On steps that train capitalization prediction, the share of rows lower-cased (one draw per row); only those
+    rows get capitalization labels, the others stay cased as fine-tuning input is. MLM labels stay cased on every
+    row. The paper's aim is "to combine the advantages of cased and uncased models"; lower-casing every row (the
+    old behaviour, 1.0) trained the model on lower-cased input for 75 % of ernie2_base and fine-tuned it on cased."""
 
     @model_validator(mode="after")
     def _pair_files_given(self):

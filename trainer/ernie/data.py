@@ -75,9 +75,12 @@ class ErnieCorpusBase(PretrainingDataset):
         start, end, _ = (int(x) for x in self.builders[c].index.sample_chunks(sample_id)[0])
         return start, end
 
-    def pending(self, ids, spans, level: str, rng) -> dict:
-        """A row whose knowledge masking is still to do (``finish`` does it, for one row or a whole batch)."""
-        return {"_mask": (np.asarray(ids, np.int64), np.asarray(spans, np.int64).reshape(-1, 3), level, rng)}
+    def pending(self, ids, spans, level: str, rng, label_ids=None) -> dict:
+        """A row whose knowledge masking is still to do (``finish`` does it, for one row or a whole batch).
+        ``label_ids``: the ids the MLM labels are read from when they differ from the input (the cased row of a
+        lower-cased one)."""
+        return {"_mask": (np.asarray(ids, np.int64), np.asarray(spans, np.int64).reshape(-1, 3), level, rng,
+                          label_ids)}
 
     def finish(self, rows: list[dict]) -> list[dict]:
         """Knowledge-mask the pending rows, all rows of one level in one vectorised pass, each with its own
@@ -91,7 +94,9 @@ class ErnieCorpusBase(PretrainingDataset):
             masked = knowledge_mask_rows([p[0] for p in parts], [p[1] for p in parts], level, self.km,
                                          self.tok.mask_id, self.random_ids, [p[3] for p in parts], self.is_special,
                                          self.word_start)
-            for i, m in zip(idx, masked):
+            for i, m, p in zip(idx, masked, parts):
+                if p[4] is not None:  # the label is the token as written (cased), whatever the input shows
+                    m["mlm_labels"] = np.asarray(p[4], np.int64)[m["mlm_positions"]]
                 rows[i].update(m)
         return rows
 
@@ -158,15 +163,18 @@ class MultiTaskDataset(ErnieCorpusBase):
     """ERNIE 2.0: the row of a position is built for the tasks of its step (``ContinualPlan.tasks_at``)."""
 
     def __init__(self, cfg, tokenizer, seed, split, km, global_batch, plan, reorder_max_pieces: int = 3,
-                 pair_files: dict | None = None, token_document_max_tokens: int = 4096):
+                 pair_files: dict | None = None, token_document_max_tokens: int = 4096,
+                 lowercase_share: float = 0.5):
         super().__init__(cfg, tokenizer, seed, split, km, global_batch,
                          spans=any(s.level != "basic" for s in km.stages))
         self.plan, self.m = plan, reorder_max_pieces
         self.pair_files = pair_files or {}
         self.tokdoc_max = token_document_max_tokens
-        self.lower_id = self.capital = None
+        self.lower_id = self.capital = self.revealing = None
+        self.lowercase_share = float(lowercase_share)
         if "capitalization" in plan.names:
             self.lower_id, self.capital = T.capitalization_tables(tokenizer.tokens)
+            self.revealing = T.case_revealing(tokenizer.tokens)
             if not self.capital.any() or (self.lower_id != np.arange(len(self.lower_id))).sum() == 0:
                 raise ValueError("the capitalization task needs a cased tokenizer with both spellings of words "
                                  "(train it with --cased); this one has no upper/lower-case pairs")
@@ -232,11 +240,19 @@ class MultiTaskDataset(ErnieCorpusBase):
         # capitalization task lower-cases the row ("Paris" must match "Paris" elsewhere, not "paris")
         if "token_document" in names:
             out["token_document_labels"] = self._token_document(ids, cand, sources, segments)
+        cased = None
         if "capitalization" in names:
-            ids, labels = T.capitalization_labels(ids, cand, self.word_start[ids], self.lower_id, self.capital)
+            # A share of the rows is lower-cased and labelled; the rest stay cased (what fine-tuning reads) with no
+            # labels, since their case is in the input. Words still showing case after lower-casing are unlabelled.
+            if rng.random() < self.lowercase_share:
+                cased = ids
+                ids, labels = T.capitalization_labels(ids, cand, self.word_start[ids], self.lower_id, self.capital,
+                                                      self.revealing)
+            else:
+                labels = np.full(len(ids), IGNORE, np.int64)
             out["capitalization_labels"] = labels
         if "mlm" in names:  # masking is the sample's last use of its generator: done later, batched
-            out.update(self.pending(ids, spans, level, rng))
+            out.update(self.pending(ids, spans, level, rng, cased))
         else:
             out["input_ids"] = ids
         return out

@@ -30,7 +30,8 @@ def capitalization_tables(tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray
     not in the vocabulary) and ``capital`` [V] bool (the token's first letter is upper-case).
 
     The model reads lower-cased ids and predicts the case, which is how ERNIE 2.0 gives an uncased model the cased
-    model's knowledge. WordPiece's ``##`` and byte-level BPE's ``Ġ`` / SentencePiece's ``▁`` prefixes are skipped
+    model's knowledge; only a share of the rows is lower-cased (``Ernie2Options.capitalization_lowercase_share``), so
+    the model also reads cased text, as fine-tuning gives it. WordPiece's ``##`` and byte-level BPE's ``Ġ`` / SentencePiece's ``▁`` prefixes are skipped
     when looking for the first letter. Example: ["[CLS]", "Paris", "paris", "##Ab"] -> lower_id [0, 2, 2, 3],
     capital [F, T, F, T].
     """
@@ -47,16 +48,43 @@ def capitalization_tables(tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray
     return lower_id, capital
 
 
+def case_revealing(tokens: Sequence[str]) -> np.ndarray:
+    """Bool [V]: the token's spelling has an upper-case letter (past its ``##`` / ``Ġ`` / ``▁`` prefix). Looked up at
+    a lower-cased row's ids, it marks the tokens that kept their case because the vocabulary has no lower-case twin
+    ("NASA" without "nasa"): their word's capitalization label can be read from the input."""
+    out = np.zeros(len(tokens), bool)
+    for i, tok in enumerate(tokens):
+        if tok.startswith("[") and tok.endswith("]"):
+            continue
+        body = tok[2:] if tok.startswith("##") else tok.lstrip("Ġ▁")
+        out[i] = any(ch.isupper() for ch in body)
+    return out
+
+
 def capitalization_labels(ids: np.ndarray, candidate: np.ndarray, word_start: np.ndarray,
-                          lower_id: np.ndarray, capital: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                          lower_id: np.ndarray, capital: np.ndarray, revealing: np.ndarray | None = None
+                          ) -> tuple[np.ndarray, np.ndarray]:
     """Per token of a row/batch ``[..., T]``: (lower-cased ids, label 1 if the token's word is capitalized, 0 if
-    not, -100 for special/pad). Continuation pieces take their word's label, so "Pa ##ris" is 1 1."""
+    not, -100 for special/pad). Continuation pieces take their word's label, so "Pa ##ris" is 1 1.
+
+    ``revealing`` (``case_revealing`` of the vocabulary): a word any of whose pieces still shows an upper-case letter
+    after lower-casing gets -100 on every piece, so no label is one the model can copy from its input ("NASA" with
+    no "nasa" in the vocabulary stays "NASA": about 1.3 % of English tokens)."""
     ids = np.asarray(ids)
     starts = word_start.astype(bool) | ~candidate
     idx = np.where(starts, np.arange(ids.shape[-1]), 0)
     first = np.maximum.accumulate(idx, axis=-1)  # position of each token's word start
     cap = np.take_along_axis(capital[ids], first, axis=-1)
-    return lower_id[ids], np.where(candidate, cap.astype(np.int64), IGNORE)
+    lowered = lower_id[ids]
+    labels = np.where(candidate, cap.astype(np.int64), IGNORE)
+    if revealing is not None:
+        T = ids.shape[-1]
+        shows = (revealing[lowered] & candidate).reshape(-1, T)
+        # word number of every token, unique over the whole batch: a word is hidden if any of its pieces shows case
+        word = np.cumsum(starts.reshape(-1, T), axis=-1) + np.arange(shows.shape[0])[:, None] * (T + 1)
+        hidden = np.bincount(word[shows], minlength=shows.shape[0] * (T + 1)) > 0
+        labels = np.where(hidden[word].reshape(ids.shape), IGNORE, labels)
+    return lowered, labels
 
 
 # --- token-document relation -----------------------------------------------------------------------------------------
