@@ -99,6 +99,10 @@ class SampleBuilder:
 
     def _other_document(self, sentence: int, want: int, rng: np.random.Generator) -> np.ndarray:
         """Tokens of sentences from a random start in a random *other* document, about ``want`` of them."""
+        return self.corpus.read(*self.other_document_range(sentence, want, rng))
+
+    def other_document_range(self, sentence: int, want: int, rng: np.random.Generator) -> tuple[int, int]:
+        """The sentences [first, last) ``_other_document`` reads (ERNIE 1.0's NSP rows place side-car spans in them)."""
         num_docs = self.corpus.num_documents
         own = int(self.corpus.document_of(sentence))
         doc = int(rng.integers(0, num_docs - 1))
@@ -120,7 +124,7 @@ class SampleBuilder:
             last = first + 1
         else:
             last = self.corpus.end_reaching(first, want, d1)
-        return self.corpus.read(first, last)
+        return first, last
 
     def _truncate(self, a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         la, lb = len(a), len(b)

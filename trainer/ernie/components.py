@@ -43,7 +43,7 @@ def build_dataset(cfg, tokenizer, objective, split: str = "train", global_batch:
     dialogues = dlm_dialogues(dlm, tokenizer, split, cache_policy(cfg.data))
     dataset = KnowledgeMaskedDataset(cfg.data, tokenizer, cfg.seed, split, opt.knowledge_masking, G, dialogues,
                                 dlm.every if dialogues else 0, dlm.num_turns if dlm else 3,
-                                dlm.fake_prob if dlm else 0.5)
+                                dlm.fake_prob if dlm else 0.5, nsp=opt.nsp)
     return dataset, None
 
 

@@ -140,6 +140,12 @@ class ErnieOptions(BaseModel):
     knowledge_masking: KnowledgeMaskingConfig = Field(default_factory=KnowledgeMaskingConfig)
     dlm: DlmConfig | None = None
     """The dialogue language model, trained jointly with MLM (None = MLM only)."""
+    nsp: bool = False
+    """Next-sentence prediction, as the released ERNIE 1.0 was trained (PaddlePaddle/ERNIE sums the masked-LM and
+    next-sentence losses): corpus rows are ``[CLS] A [SEP] B [SEP]`` pairs (segment ids 0 / 1) of ``data.format:
+    segment-pair``, B from another document at ``data.nsp_negative_prob`` (the reference: one negative per
+    positive, 0.5), knowledge-masked across both segments (``trainer/ernie/pairs.py``). Off: single-segment
+    ``doc-sentences`` rows, and fine-tuning on pairs meets an untrained segment-1 embedding."""
 
 
 class Ernie2Options(BaseModel):

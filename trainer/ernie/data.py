@@ -18,6 +18,7 @@ from trainer.data.dataset import PretrainingDataset, sample_rng
 from trainer.ernie import tasks as T
 from trainer.ernie.dlm import DialogueFile, dlm_sample
 from trainer.ernie.knowledge_masking import KnowledgeMaskingConfig, knowledge_mask_rows
+from trainer.ernie.pairs import nsp_row
 from trainer.ernie.sidecars import CorpusSpans  # noqa: F401  (re-exported: its old home)
 
 IGNORE = -100
@@ -40,10 +41,14 @@ class ErnieCorpusBase(PretrainingDataset):
     """PretrainingDataset with ``doc-sentences`` chunks, ERNIE's masking, and the step of every position."""
 
     def __init__(self, cfg, tokenizer, seed: int, split: str, km: KnowledgeMaskingConfig, global_batch: int,
-                 spans: bool):
-        if cfg.format != "doc-sentences" or cfg.pack_doc_sentences:
+                 spans: bool, pairs: bool = False):
+        if pairs and cfg.format != "segment-pair":
+            raise ValueError(f"objective.options.nsp: true builds sentence-pair rows from data.format: segment-pair "
+                             f"(BERT's NSP pairs), not {cfg.format}; set data.format: segment-pair")
+        if not pairs and (cfg.format != "doc-sentences" or cfg.pack_doc_sentences):
             raise ValueError("ERNIE samples are built from data.format: doc-sentences with "
-                             "data.pack_doc_sentences: false (one document's consecutive sentences per row)")
+                             "data.pack_doc_sentences: false (one document's consecutive sentences per row); "
+                             "ERNIE 1.0 with objective.options.nsp: true reads data.format: segment-pair")
         super().__init__(cfg, tokenizer, seed, split)
         self.km, self.global_batch = km, int(global_batch)
         # held-out rows are masked at the last stage's level at every evaluation: one fixed yardstick
@@ -130,9 +135,10 @@ class KnowledgeMaskedDataset(ErnieCorpusBase):
     """ERNIE 1.0: corpus rows knowledge-masked at the level of their step; every ``dlm.every``-th step a DLM batch."""
 
     def __init__(self, cfg, tokenizer, seed, split, km, global_batch, dialogues: DialogueFile | None = None,
-                 dlm_every: int = 0, dlm_turns: int = 3, dlm_fake_prob: float = 0.5):
+                 dlm_every: int = 0, dlm_turns: int = 3, dlm_fake_prob: float = 0.5, nsp: bool = False):
         super().__init__(cfg, tokenizer, seed, split, km, global_batch,
-                         spans=any(s.level != "basic" for s in km.stages))
+                         spans=any(s.level != "basic" for s in km.stages), pairs=nsp)
+        self.nsp = nsp
         self.dialogues, self.dlm_every = dialogues, dlm_every
         self.dlm_turns, self.dlm_fake_prob = dlm_turns, dlm_fake_prob
 
@@ -155,7 +161,14 @@ class KnowledgeMaskedDataset(ErnieCorpusBase):
             row.update(role_ids=s["role_ids"], dlm_label=s["dlm_label"])
             return row
         c, epoch, sample_id = self.locate_corpus(position)
-        row, _, _ = self.corpus_row(c, sample_id, level, sample_rng(self.seed, c, epoch, sample_id))
+        rng = sample_rng(self.seed, c, epoch, sample_id)
+        if self.nsp:  # [CLS] A [SEP] B [SEP], masked across both segments (trainer/ernie/pairs.py)
+            pair = nsp_row(self.builders[c], self.spans[c] if self.spans and level != "basic" else None, sample_id,
+                           rng, self.tok.cls_id, self.tok.sep_id)
+            row = self.pending(pair["input_ids"], pair["spans"], level, rng)
+            row.update(token_type_ids=pair["token_type_ids"], sentence_label=pair["sentence_label"])
+            return row
+        row, _, _ = self.corpus_row(c, sample_id, level, rng)
         return row
 
 
@@ -301,7 +314,7 @@ class MultiTaskDataset(ErnieCorpusBase):
 
 SENTENCE_TASKS = ("sentence_reorder", "sentence_distance", "discourse", "ir_relevance")
 PAIR_TASKS = ("discourse", "ir_relevance")  # rows from a labelled pair file, not the corpus
-SCALAR_KEYS = ("dlm_label", "sentence_reorder_label", "sentence_distance_label", "discourse_label",
+SCALAR_KEYS = ("dlm_label", "sentence_label", "sentence_reorder_label", "sentence_distance_label", "discourse_label",
                "ir_relevance_label")
 PAD = {"token_type_ids": 0, "role_ids": 0, "task_ids": 0, "capitalization_labels": IGNORE,
        "token_document_labels": IGNORE}

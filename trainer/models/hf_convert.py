@@ -35,7 +35,10 @@ WORD = "encoder.embeddings.word.weight"
 # ----------------------------------------------------------------------------------------------- heads and classes
 def heads_from_state_dict(state_dict: dict) -> dict[str, HeadSpec]:
     """Recover the HeadSpecs of a PretrainingModel state dict from its ``heads.<name>.*`` keys and shapes."""
-    names = sorted({key.split(".")[1] for key in state_dict if key.startswith("heads.")})
+    # NSP / SOP first: the export maps the first 2-way sequence head to *ForPreTraining's seq_relationship, and
+    # ERNIE 1.0's DLM head ("dlm", 2-way too) sorts before "nsp"
+    names = sorted({key.split(".")[1] for key in state_dict if key.startswith("heads.")},
+                   key=lambda n: (n not in (NSP, SOP), n))
     heads = {}
     for name in names:
         p = f"heads.{name}."

@@ -51,7 +51,7 @@ register("mlm+nsp", options=f"{_OPTIONS}:SentenceTaskOptions", formats=("segment
 register("mlm+sop", options=f"{_OPTIONS}:SentenceTaskOptions", formats=("sop-pair",))(
     "trainer.objectives.mlm_sop:MlmSopObjective")
 register("electra", options=f"{_OPTIONS}:ElectraOptions")("trainer.objectives.electra:ElectraObjective")
-register("ernie", options="trainer.ernie.config:ErnieOptions", formats=("doc-sentences",))(
+register("ernie", options="trainer.ernie.config:ErnieOptions", formats=("doc-sentences", "segment-pair"))(
     "trainer.objectives.ernie:ErnieObjective")
 register("ernie2", options="trainer.ernie.config:Ernie2Options", formats=("doc-sentences",))(
     "trainer.objectives.ernie2:Ernie2Objective")

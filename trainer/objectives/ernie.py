@@ -6,7 +6,10 @@ Batches are knowledge-masked by the data side (``trainer/ernie/knowledge_masking
 masked-LM cross-entropy. A batch that carries ``role_ids`` is a DLM batch: the roles go to the encoder as
 ``extra_ids["role"]`` (in place of segment embeddings, see ``ModelConfig.segment_alternatives``) and the real/fake
 head adds its loss; any other batch is an MLM batch with segment ids and no roles. So the role table is trained only
-by DLM batches and the segment table only by MLM batches. Registry name: ``ernie``.
+by DLM batches and the segment table only by MLM batches. With ``options.nsp`` the MLM batches are sentence pairs
+(segment ids 0 / 1, ``sentence_label``) and the NSP head's loss is added to the masked-LM loss, as the released
+ERNIE 1.0's (PaddlePaddle/ERNIE ``ernie_v1.py``: ``mask_lm_loss + next_sent_loss``); the head is named ``nsp`` and
+exports to Hugging Face's ``ErnieForPreTraining`` ``cls.seq_relationship``. Registry name: ``ernie``.
 """
 from __future__ import annotations
 
@@ -15,9 +18,9 @@ import torch.nn.functional as F
 
 from trainer.ernie.components import ernie_components
 from trainer.ernie.config import ErnieOptions
-from trainer.models import MLM, HeadSpec, ModelConfig
+from trainer.models import MLM, NSP, HeadSpec, ModelConfig
 
-from .base import Objective, masked_positions, mlm_loss, packing, pooled, prediction_count
+from .base import Objective, masked_positions, mlm_loss, packing, pooled, prediction_count, sentence_loss
 
 DLM = "dlm"
 ROLE = "role"
@@ -58,6 +61,8 @@ class ErnieObjective(ErnieSamplesObjective):
 
     def heads(self, model_cfg: ModelConfig) -> dict[str, HeadSpec]:
         heads = {MLM: HeadSpec("mlm")}
+        if self.options.nsp:
+            heads[NSP] = HeadSpec("sequence", 2)
         if self.dlm:
             if ROLE not in model_cfg.extra_embeddings or ROLE not in model_cfg.segment_alternatives:
                 raise ValueError("objective ernie with DLM needs model.extra_embeddings.role (e.g. 2: Q and R) and "
@@ -76,6 +81,11 @@ class ErnieObjective(ErnieSamplesObjective):
         loss, acc = mlm_loss(out[MLM], labels)
         n = prediction_count(labels)
         metrics = {"mlm_loss": pooled(loss, n), "mlm_acc": pooled(acc, n)}
+        if "sentence_label" in batch:  # options.nsp: corpus rows are sentence pairs
+            nsp_loss, nsp_acc = sentence_loss(out[NSP], batch["sentence_label"])
+            loss = loss + nsp_loss
+            rows = batch["sentence_label"].numel()
+            metrics.update({f"{NSP}_loss": pooled(nsp_loss, rows), f"{NSP}_acc": pooled(nsp_acc, rows)})
         if is_dlm:
             dlm_loss, dlm_acc = classification_loss(out[DLM], batch["dlm_label"])
             dlm_n = prediction_count(batch["dlm_label"])
