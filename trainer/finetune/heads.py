@@ -133,6 +133,8 @@ def export_finetuned(model: nn.Module, out_dir: str | Path, tokenizer_dir: str |
         raise RuntimeError(f"{arch} export mapping is incomplete: missing {missing[:5]}, unexpected {unexpected[:5]}")
     out = Path(out_dir)
     hf.save_pretrained(out)
+    from trainer.file_modes import share_as_umask
+    share_as_umask(out)  # safetensors writes 0600: readable by the project's group as the umask says
     if tokenizer_dir is not None:
         for name in TOKENIZER_FILES:
             if (Path(tokenizer_dir) / name).is_file():

@@ -293,6 +293,8 @@ def _save_one(cfg: ModelConfig, state_dict: dict, out: Path) -> str:
                            f"{unexpected[:5]}")
     model.tie_weights()
     model.save_pretrained(out)
+    from trainer.file_modes import share_as_umask
+    share_as_umask(out)  # safetensors writes 0600: readable by the project's group as the umask says
     return arch
 
 

@@ -28,6 +28,8 @@ def save_model_folder(model: nn.Module, cfg: ModelConfig, folder: str | Path) ->
     folder.mkdir(parents=True, exist_ok=True)
     (folder / CONFIG_FILE).write_text(json.dumps(cfg.model_dump(), indent=1) + "\n")
     save_model(model, str(folder / WEIGHTS_FILE))
+    from trainer.file_modes import share_as_umask
+    share_as_umask(folder)  # safetensors writes 0600
     return folder
 
 
