@@ -2,6 +2,7 @@
 previous one complete, ``latest`` pointing at it, and ``--resume auto`` choosing it; keep-last-K; resume paths."""
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import time
@@ -469,3 +470,33 @@ def test_init_from_names_new_heads_and_stops_on_another_architecture():
     electra = ElectraPretrainingModel(ecfg)
     disc = {k: v for k, v in electra.state_dict().items() if k.startswith("discriminator.")}
     assert "ELECTRA generator: new" in load_init_weights(ElectraPretrainingModel(ecfg), disc, "SRC")
+
+
+def test_a_universal_conversion_the_disk_cannot_hold_is_refused_before_it_starts(tmp_path, monkeypatch):
+    """A resume on another world size converts the checkpoint beside itself, needing ~1.8x its size (1.75x measured
+    at albert_xxlarge). With less free, rank 0 stops before converting with the sizes and the alternative; the
+    other ranks get its note. Before: minutes of conversion, then "disk full ... (freed since?)" with no size, and
+    the same command failed again. Free space is faked (shutil.disk_usage), the converter is a stand-in: what
+    DeepSpeed's converter really writes is not seen here."""
+    import trainer.engine
+    from trainer import disk_space
+
+    tag = tmp_path / "global_step4"
+    tag.mkdir()
+    (tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"x" * 100_000)
+    (tag / checkpoint.STATE_FILE).write_text(json.dumps({"world_size": 8, "zero_stage": 1}))
+    calls = []
+    monkeypatch.setattr(trainer.engine, "convert_to_universal",
+                        lambda src, dst: (calls.append(src), Path(dst).mkdir()))
+    real = shutil.disk_usage
+    monkeypatch.setattr(disk_space.shutil, "disk_usage",
+                        lambda p: real(p)._replace(free=150_000))
+    with pytest.raises(OSError, match=r"needs about 180\d+ bytes free.*150000 bytes are free.*on the 8 ranks at "
+                                      r"ZeRO-1") as err:
+        universal.prepare_universal(tag, rank=0)
+    assert err.value.errno == errno.ENOSPC and calls == []
+    with pytest.raises(RuntimeError, match="rank 0 failed to convert.*needs about"):
+        universal.prepare_universal(tag, rank=1, wait_s=30, poll_s=0.05)
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda p: real(p)._replace(free=200_000))
+    universal.prepare_universal(tag, rank=0)
+    assert calls == [tag]

@@ -116,7 +116,8 @@ def disk_full_message(root: Path, tag: str, last: Path | None, err: BaseExceptio
     if err is not None:
         cause = f" ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
     return (f"disk full while saving {tag} to {root}; last complete checkpoint: {last or 'none'}{cause}. Free "
-            f"space (or lower checkpoint.keep_last), then run the same command again (--resume auto)")
+            f"space (or lower checkpoint.keep_last: a save needs room for one checkpoint more than it keeps, so with "
+            f"keep_last 1 only freeing space helps), then run the same command again (--resume auto)")
 
 
 def folder_bytes(folder: Path, skip: str | None = None) -> int:
