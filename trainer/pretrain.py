@@ -329,6 +329,7 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         from trainer.models.vocab_padding import fit_to_config  # a source saved with other vocabulary padding
         weights = fit_to_config(weights, cfg.model)
         print0(load_init_weights(comps.model, weights, cfg.checkpoint.init_from))
+        del weights  # a whole fp32 model per rank otherwise held for the run (1.4 GB for roberta_large, by review)
     checkpoint.seed_everything(cfg.seed + 1 + rank)  # each rank its own dropout stream
     optimizer = engine.build_optimizer(cfg.optim, comps.model, device, ds_config)
     scheduler = build_scheduler(cfg.schedule, optimizer, cfg.train.steps)
