@@ -51,6 +51,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
     # `python data_prep/train_tokenizer.py` puts data_prep/ on sys.path, not the repository root.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from data_prep import sample_text
 from data_prep.cpus import usable_cpus
 from data_prep.tokenizer import (HF_CONFIG, HF_SPECIAL_MAP, META_FILE, META_FORMAT, META_VERSION, ROLES, SPM_MODEL,
                                  TOKENIZER_JSON, fingerprint_folder, load_tokenizer)
@@ -104,10 +105,11 @@ class LineFeed:
     """The lines of every document of the inputs, in order; counts what it read for the summary and the metadata.
 
     Reading goes through data_prep.sources, the same reader as build_indexed.py, so both see the same text
-    (compression, jsonl keys, bad input counted by reason). With ``limit_bytes`` each input gets a share of the
-    budget proportional to its size on disk, so a tokenizer trained on 2 GB of a Books + Wikipedia + CC-News blend
-    sees all of them, not only the first (compressed inputs count at their compressed size, which favours them).
-    Within an input the share is its first lines."""
+    (compression, jsonl keys, bad input counted by reason). With ``limit_bytes`` the text is a sample spread over the
+    whole of every input, each input's share in proportion to its text size (uncompressed, estimated for compressed
+    inputs), so a tokenizer trained on 2 GB of a Books + Wikipedia + CC-News blend, or of one file that holds
+    English then Chinese, sees all of it (data_prep/sample_text.py says how). The sample is the same for the same
+    inputs and flags."""
 
     def __init__(self, specs: list[str], json_key: str = "text", limit_bytes: int | None = None,
                  transform=None, progress: bool = True):
@@ -120,48 +122,51 @@ class LineFeed:
         self._sources = sources
         self.json_key = json_key
         self.limit_bytes = limit_bytes
-        self.budgets: list[int | None] = [None] * len(self.paths)
-        if limit_bytes is not None:
-            sizes = [max(sources.input_bytes(p), 1) for p in self.paths]
-            self.budgets = [limit_bytes * size // sum(sizes) for size in sizes]
+        self.shares = sample_text.plan(self.paths, limit_bytes)
         self.transform = transform
         self.progress = progress
-        self.bytes = 0
-        self.lines = 0
-        self.documents = 0
-        self.truncated = False
 
     def _on_skip(self, reason: str, where: str) -> None:
         self.first_skipped.setdefault(reason, where)
 
+    def _read(self, path: str, start: int = 0, end: int | None = None):
+        return self._sources.iter_documents(path, json_key=self.json_key, skipped=self.skipped,
+                                            on_skip=self._on_skip, start=start, end=end)
+
+    @property
+    def bytes(self) -> int:
+        return sample_text.stats(self.shares)[0]
+
+    @property
+    def lines(self) -> int:
+        return sample_text.stats(self.shares)[1]
+
+    @property
+    def documents(self) -> int:
+        """documents that gave at least one line (a document sampled in several windows counts once per window)"""
+        return sample_text.stats(self.shares)[2]
+
+    @property
+    def truncated(self) -> bool:
+        return sample_text.stats(self.shares)[3]
+
     def __iter__(self) -> Iterator[str]:
         from tqdm import tqdm
 
+        for share in self.shares:  # a second pass (wordpiece's probe) counts anew
+            share.taken = share.lines = share.documents = 0
+            share.complete = True
         total = self.limit_bytes
         if total is None and self.progress:
             total = sum(self._sources.input_bytes(p) for p in self.paths)  # on disk: compressed inputs run past it
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading", disable=not self.progress, mininterval=1.0)
         try:
-            for path, budget in zip(self.paths, self.budgets):
-                yield from self._read(path, budget, bar)
+            for line in sample_text.Sampler(self.shares, self.limit_bytes, self._read):
+                if self.progress:
+                    bar.update(len(line.encode("utf-8")))
+                yield self.transform(line) if self.transform else line
         finally:
             bar.close()
-
-    def _read(self, path: str, budget: int | None, bar) -> Iterator[str]:
-        used = 0
-        for doc in self._sources.iter_documents(path, json_key=self.json_key, skipped=self.skipped,
-                                                on_skip=self._on_skip):
-            self.documents += 1
-            for line in doc.lines:
-                size = len(line.encode("utf-8"))
-                if budget is not None and used + size > budget:
-                    self.truncated = True
-                    return
-                used += size
-                self.bytes += size
-                self.lines += 1
-                bar.update(size)
-                yield self.transform(line) if self.transform else line
 
 
 # ---------------------------------------------------------------------------------------------------------- trainers
@@ -352,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     case.add_argument("--cased", dest="lowercase", action="store_false", help="keep case (bbpe is always cased)")
     p.add_argument("--json-key", default="text", help="field holding the text in .jsonl inputs (default: text)")
     p.add_argument("--limit-bytes", type=parse_size, default=None,
-                   help="stop reading after this much UTF-8 text, e.g. 2G (default: all input)")
+                   help="train on a sample of this much UTF-8 text, e.g. 2G, spread over the whole of every input "
+                        "in proportion to its text size (default: all input)")
     p.add_argument("--spm-sentences", type=int, default=10_000_000,
                    help="unigram: lines SentencePiece samples into memory (default 10,000,000)")
     p.add_argument("--threads", type=int, default=usable_cpus(),
@@ -406,7 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     actual = meta["vocab_size"]
     print(f"{args.kind} tokenizer: {actual:,} tokens ({'uncased' if lowercase else 'cased'}) from {feed.lines:,} lines, "
           f"{feed.documents:,} documents, {feed.bytes / 1e6:.1f} MB from {len(feed.paths)} input(s)"
-          f"{' (stopped at --limit-bytes)' if feed.truncated else ''} -> {args.output}")
+          f"{' (sampled to --limit-bytes)' if feed.truncated else ''} -> {args.output}")
+    if args.limit_bytes is not None:
+        print("\n".join(sample_text.describe(feed.shares, args.limit_bytes)))
     print(f"fingerprint {fingerprint_folder(args.output)[:16]}, special ids "
           + " ".join(f"{kind.specials[r]}={getattr(loaded, r + '_id')}" for r in ROLES))
     if feed.skipped:
