@@ -6,15 +6,17 @@ Inputs: files, directories (recursive, sorted, hidden entries skipped, symlinked
 ``builtin:pydocs`` (the installed standard library's ``.py`` files, listed here by ``_pydocs_files``); each file once,
 by its real path; build_indexed's own output files are never inputs (``output_matcher``). Names decide the layout:
 ``.txt``/``.text``, ``.jsonl``/``.json``/``.ndjson``, optionally compressed ``.gz``, ``.bz2``, ``.zst``/``.zstd``
-(decompressed as a stream, never whole). A spec that matches nothing, an explicitly named file of another type, or a
-file that cannot be opened raises ``InputError`` naming it.
+(decompressed as a stream, never whole); a file whose first line is a ``<doc `` tag is WikiExtractor output
+(``AA/wiki_00``, no extension), whatever its name (``input_format``). A spec that matches nothing, an explicitly
+named file of another type, or a file that cannot be opened raises ``InputError`` naming it.
 
 Pieces: an uncompressed file can be read as byte ranges (``piece_bounds`` + ``sources.iter_documents(start=,
 end=)``) so that one large file spreads over many workers. A range ``[start, end)`` owns the documents whose first
 byte lies in ``cut(start) .. cut(end)``, where ``cut(c)`` is the position just after the first blank line at or
-after ``c`` (.txt) or the first line start at or after ``c`` (.jsonl). Every reader computes the same cuts, so every
-document is read exactly once and the documents are the same as a whole-file read. Compressed files are one piece
-each (a compressed stream cannot be entered in the middle). For pydocs the bounds are module indices.
+after ``c`` (.txt), the first line start at or after ``c`` (.jsonl) or the start of the first ``<doc`` line at or
+after ``c`` (WikiExtractor). Every reader computes the same cuts, so every document is read exactly once and the
+documents are the same as a whole-file read. Compressed files are one piece each (a compressed stream cannot be
+entered in the middle). For pydocs the bounds are module indices.
 """
 from __future__ import annotations
 
@@ -50,7 +52,15 @@ class InputError(ValueError):
 
 
 def input_format(path: str) -> str:
-    """``txt``, ``jsonl`` or ``pydocs`` from the name; InputError for anything else."""
+    """``txt``, ``jsonl``, ``wiki`` or ``pydocs``, from the name and (for WikiExtractor) the first bytes;
+    InputError for anything else.
+
+    ``wiki`` is WikiExtractor's output: ``<doc id=.. url=.. title=..>`` ... ``</doc>`` blocks, in files named
+    ``AA/wiki_00`` with no extension (optionally ``.bz2``, its ``--compress``). A file is read as such when its
+    first line is a ``<doc `` tag, whatever its name: without an extension (WikiExtractor's own names), and also
+    as ``.txt`` (the usual rename), where the blank-line layout would cut each article in two and tokenize the tags.
+    A ``wiki_NN`` file starting with ``{`` is WikiExtractor's ``--json`` output: JSON lines.
+    """
     if path == PYDOCS:
         return "pydocs"
     name = path.lower()
@@ -59,13 +69,54 @@ def input_format(path: str) -> str:
             name = name[: -len(comp)]
             break
     if name.endswith(TEXT_SUFFIXES):
-        return "txt"
+        return "wiki" if _sniff(path) == "wiki" else "txt"
     if name.endswith(JSONL_SUFFIXES):
         return "jsonl"
+    sniffed = _sniff(path)
+    if sniffed == "wiki" or (sniffed == "jsonl" and _WIKI_NAME.fullmatch(os.path.basename(name))):
+        return sniffed
     raise InputError(
         f"{path}: unsupported input type; name text files *.txt and JSON-lines files *.jsonl "
-        f"(optionally compressed: {', '.join(COMPRESSIONS)})"
+        f"(optionally compressed: {', '.join(COMPRESSIONS)}){convert_hint([path])}"
     )
+
+
+_WIKI_NAME = re.compile(r"wiki_\d+")
+_CONVERT = {".parquet": "convert to JSON lines first (pyarrow / datasets: Dataset.from_parquet(F).to_json(OUT))",
+            ".arrow": "convert to JSON lines first (datasets: load_from_disk(DIR).to_json(OUT))",
+            ".xz": "decompress first (xz -d) or recompress with zstd",
+            ".csv": "convert the text column to JSON lines first (e.g. pandas read_csv(F).to_json(OUT, "
+                    "orient='records', lines=True))",
+            ".tsv": "convert the text column to JSON lines first"}
+
+
+def convert_hint(paths: list[str]) -> str:
+    """'; X files: what to do' for the kinds of unsupported file that have a usual conversion, else ''."""
+    hints = {ext: how for p in paths for ext, how in _CONVERT.items() if p.lower().endswith(ext)}
+    return "".join(f"; {ext} files: {how}" for ext, how in sorted(hints.items()))
+
+
+def _sniff(path: str) -> str | None:
+    """``wiki`` when the first line (decompressed) is a ``<doc `` tag, ``jsonl`` when it starts with ``{``; None
+    otherwise or when the file cannot be read (an unreadable input is reported by check_readable)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _sniff_cached(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sniff_cached(path: str, mtime_ns: int, size: int) -> str | None:
+    try:
+        with open_binary(path) as fh:
+            head = fh.read(64)
+    except (OSError, InputError, *_stream_errors()):
+        return None
+    head = head.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t")
+    if head.startswith((b"<doc ", b"<doc\t", b"<doc>")):
+        return "wiki"
+    return "jsonl" if head.startswith(b"{") else None
 
 
 def _supported(path: str) -> bool:
@@ -133,8 +184,10 @@ def expand_inputs(specs: list[str], skipped: Counter | None = None, on_skip: Ski
         return True
 
     def add_dir(root: str) -> int:
-        """Walk ``root``; returns how many input files it holds (met before or not)."""
+        """Walk ``root``; returns how many input files it holds (met before or not). Its unsupported files are
+        reported in one line (a count and the first names): a WikiExtractor or HF folder holds thousands."""
         found = 0
+        unsupported: list[str] = []
         walked = {os.path.realpath(root)}  # this walk's folders: a symlink back to one of them is a cycle
 
         def follow(dirpath: str, d: str) -> bool:
@@ -160,10 +213,15 @@ def expand_inputs(specs: list[str], skipped: Counter | None = None, on_skip: Ski
                     add(path)
                 elif os.path.realpath(path) not in seen:
                     seen.add(os.path.realpath(path))
-                    if skipped is not None:
-                        skipped["unsupported_file"] += 1
-                    if on_skip is not None:
-                        on_skip("unsupported_file", path)
+                    unsupported.append(path)
+        if unsupported:
+            if skipped is not None:
+                skipped["unsupported_file"] += len(unsupported)
+            if on_skip is not None:
+                first = ", ".join(os.path.relpath(p, root) for p in unsupported[:3])
+                on_skip("unsupported_file", f"{root}: {len(unsupported):,} file(s) of an unsupported type left out "
+                        f"(e.g. {first}{', ...' if len(unsupported) > 3 else ''}); inputs are *.txt, *.jsonl and "
+                        f"WikiExtractor <doc> files{convert_hint(unsupported)}")
         return found
 
     for spec in specs:
@@ -186,7 +244,7 @@ def expand_inputs(specs: list[str], skipped: Counter | None = None, on_skip: Ski
                 continue
             if os.path.isdir(path):
                 if add_dir(path) == 0 and spec == path:
-                    raise InputError(f"input directory {spec!r} holds no .txt or .jsonl files")
+                    raise InputError(f"input directory {spec!r} holds no .txt, .jsonl or WikiExtractor files")
             else:
                 input_format(path)
                 add(path)
@@ -329,6 +387,15 @@ def _cut(fh: BinaryIO, c: int, size: int, fmt: str, limit: int) -> int:
         pos += n
     if fmt == "jsonl":
         return min(pos, size)
+    if fmt == "wiki":  # the start of the next <doc ...> line
+        while pos < size:
+            raw, n = _read_line(fh, limit)
+            if n == 0:
+                break
+            if raw is not None and raw.lstrip().startswith(b"<doc"):
+                return pos
+            pos += n
+        return size
     while pos < size:
         raw, n = _read_line(fh, limit)
         if n == 0:

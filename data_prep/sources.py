@@ -4,6 +4,8 @@ Layouts
   ``.txt``    one sentence or paragraph per line, a blank line between documents (BERT's original data layout).
   ``.jsonl``  one JSON object per line, the document's text under ``json_key`` (``.json`` and ``.ndjson`` too);
               the text's own newlines separate its lines.
+  WikiExtractor  ``AA/wiki_00`` ... (no extension; or any file whose first line is a ``<doc `` tag, ``.txt``
+              included): one document per ``<doc ...>`` ... ``</doc>`` block, tags dropped (``_wiki_documents``).
   Either may be compressed: ``.gz``, ``.bz2``, ``.zst``/``.zstd`` (decompressed as a stream, never whole).
   ``builtin:pydocs``  the docstrings of the installed Python standard library, one module per document, one
               paragraph per line; read with ``ast`` (never imported: some modules act on import).
@@ -30,7 +32,9 @@ the file and line (or byte offset), so nothing disappears silently.
   truncated_input            a compressed stream ends early or is corrupt: documents before that point are
                              kept, the document being read is dropped, the rest of the file is lost; the
                              message names the file and the uncompressed byte offset
-  unsupported_file           a file inside a directory input whose name is not .txt/.jsonl[.gz|.bz2|.zst]
+  text_outside_doc           WikiExtractor input: a line outside any ``<doc>`` ... ``</doc>`` block, dropped
+  unsupported_file           a file inside a directory input whose name is not .txt/.jsonl[.gz|.bz2|.zst] and
+                             that is not WikiExtractor output (reported in one line per folder, with a count)
   pydocs_unparsable          a standard-library file that ``ast`` cannot parse
   =========================  ===========================================================================
 
@@ -135,6 +139,8 @@ def iter_documents(
         lines = _iter_lines(fh, path, start, end, max_line_bytes, skip)
         if fmt == "txt":
             yield from _txt_documents(lines, path, start, max_document_bytes, skip)
+        elif fmt == "wiki":
+            yield from _wiki_documents(lines, path, max_document_bytes, skip)
         else:
             yield from _jsonl_documents(lines, path, json_key, skip)
 
@@ -201,6 +207,48 @@ def _txt_documents(lines, path, start, max_document_bytes, skip) -> Iterator[Doc
             doc, doc_bytes, doc_line, doc_offset = [], 0, lineno, offset
         doc.append(text)
         doc_bytes += len(text)
+    if doc:
+        yield Document(doc, path, doc_line, doc_offset)
+
+
+def _wiki_documents(lines, path, max_document_bytes, skip) -> Iterator[Document]:
+    """WikiExtractor output: one document per ``<doc ...>`` ... ``</doc>`` block, the tags dropped, blank lines inside
+    a block ignored (WikiExtractor puts one after the title, so the .txt layout would cut every article in two).
+
+    The title line WikiExtractor repeats as the block's first line is kept as the document's first line: it is the
+    article's heading, text a reader of the article sees, and dropping "the first line" would drop real text from
+    any file whose blocks do not start with it. A block without ``</doc>`` ends at the next ``<doc`` or at the end
+    (its text is kept). Text outside any block is dropped and counted as ``text_outside_doc``.
+    """
+    doc: list[str] | None = None
+    doc_line, doc_offset, doc_bytes = 0, 0, 0
+    for offset, lineno, text in lines:
+        if text is _TRUNCATED:
+            return
+        if text is None:
+            continue
+        text = text.strip()
+        if text.startswith("<doc") and text.endswith(">") and (len(text) == 5 or text[4].isspace()):
+            if doc:
+                yield Document(doc, path, doc_line, doc_offset)
+            doc, doc_line, doc_offset, doc_bytes = [], lineno, offset, 0
+        elif text == "</doc>":
+            if doc:
+                yield Document(doc, path, doc_line, doc_offset)
+            elif doc is not None:
+                skip("empty_document", f"{path}:{doc_line or doc_offset}: <doc> block with no text")
+            doc = None
+        elif text:
+            if doc is None:
+                skip("text_outside_doc", f"{path}:{lineno or offset}: text outside a <doc> ... </doc> block")
+                continue
+            if doc and doc_bytes + len(text) > max_document_bytes:
+                skip("long_document_split", f"{path}:{doc_line or doc_offset}: document over {max_document_bytes} "
+                                            f"bytes")
+                yield Document(doc, path, doc_line, doc_offset)
+                doc, doc_bytes, doc_line, doc_offset = [], 0, lineno, offset
+            doc.append(text)
+            doc_bytes += len(text)
     if doc:
         yield Document(doc, path, doc_line, doc_offset)
 

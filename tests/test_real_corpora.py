@@ -1,0 +1,98 @@
+"""Corpora as they come (review "corpora", findings 2, 6, 7, 8, 10): WikiExtractor folders, files in another
+encoding, runs that would build from a fraction of their input, JSON arrays, BOMs of concatenated files, CR-only
+line ends. Small generated inputs; one tiny byte-level tokenizer for the build_indexed runs."""
+import json
+import os
+from collections import Counter
+
+import pytest
+
+from data_prep import build_indexed, input_files, sources
+from data_prep import manifest as mf
+
+
+def article(i: int) -> str:
+    """One article as WikiExtractor writes it: the title repeated, a blank line, the paragraphs, then </doc>."""
+    return (f'<doc id="{i}" url="https://en.wikipedia.org/wiki?curid={i}" title="Title {i}">\nTitle {i}\n\n'
+            f"Article {i} opens here. It goes on.\nIts second paragraph, number {i}.\n</doc>\n")
+
+
+def wiki_folder(root, files=3, per_file=40):
+    for f in range(files):
+        (root / "AA").mkdir(parents=True, exist_ok=True)
+        (root / "AA" / f"wiki_{f:02d}").write_text("".join(article(f * per_file + i) for i in range(per_file)))
+    return root
+
+
+def expected(i):
+    return [f"Title {i}", f"Article {i} opens here. It goes on.", f"Its second paragraph, number {i}."]
+
+
+def read(path, **kw):
+    skipped, where = Counter(), []
+    docs = [d.lines for d in sources.iter_documents(str(path), skipped=skipped,
+                                                    on_skip=lambda r, w: where.append((r, w)), **kw)]
+    return docs, skipped, where
+
+
+def test_wikiextractor_files_are_read_as_they_come_one_document_per_article(tmp_path):
+    wiki_folder(tmp_path / "text")
+    skipped, where = Counter(), []
+    paths = input_files.expand_inputs([str(tmp_path / "text")], skipped, lambda r, w: where.append(w))
+    assert [os.path.relpath(p, tmp_path) for p in paths] == ["text/AA/wiki_00", "text/AA/wiki_01", "text/AA/wiki_02"]
+    assert not skipped and not where
+    docs = [d for p in paths for d in read(p)[0]]
+    assert docs == [expected(i) for i in range(120)]  # tags dropped, the title line kept, no article cut in two
+    # byte-range pieces cut at <doc> lines: the same documents as a whole-file read
+    bounds = input_files.piece_bounds(paths[0], 300)
+    assert len(bounds) > 5
+    assert [d.lines for a, b in bounds for d in sources.iter_documents(paths[0], start=a, end=b)] == docs[:40]
+    # the usual workaround, renamed to .txt, must not become 2 documents per article with the tags as sentences
+    renamed = tmp_path / "wiki_00.txt"
+    renamed.write_bytes((tmp_path / "text" / "AA" / "wiki_00").read_bytes())
+    assert read(renamed)[0] == docs[:40]
+    # text outside a block is dropped and counted, an empty block is an empty document
+    odd = tmp_path / "odd" / "wiki_07"
+    odd.parent.mkdir()
+    odd.write_text(article(1) + "stray line\n" + '<doc id="2" url="u" title="t">\n\n</doc>\n')
+    assert read(odd)[0:2] == ([expected(1)], {"text_outside_doc": 1, "empty_document": 1})
+    # WikiExtractor --json writes JSON lines into the same extension-less names
+    js = tmp_path / "js" / "AA" / "wiki_00"
+    js.parent.mkdir(parents=True)
+    js.write_text(json.dumps({"id": "1", "title": "T", "text": "T\n\nBody."}) + "\n")
+    assert input_files.expand_inputs([str(tmp_path / "js")]) == [str(js)] and read(js)[0] == [["T", "Body."]]
+
+
+def test_unsupported_files_are_one_line_with_a_count_not_one_line_each(tmp_path):
+    for i in range(50):
+        (tmp_path / f"part-{i:05d}.parquet").write_bytes(b"PAR1")
+    (tmp_path / "notes.txt").write_text("One doc.\n")
+    skipped, where = Counter(), []
+    got = input_files.expand_inputs([str(tmp_path)], skipped, lambda r, w: where.append((r, w)))
+    assert got == [str(tmp_path / "notes.txt")] and skipped == {"unsupported_file": 50}
+    assert len(where) == 1 and where[0][0] == "unsupported_file"
+    assert "50 file(s)" in where[0][1] and "part-00000.parquet" in where[0][1] and "JSON lines" in where[0][1]
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tmp_path_factory):
+    from data_prep import train_tokenizer
+
+    root = tmp_path_factory.mktemp("tok")
+    (root / "t.txt").write_text("".join(expected(i)[1] + "\n\n" for i in range(200)))
+    train_tokenizer.main(["--kind", "bbpe", "--input", str(root / "t.txt"), "--output", str(root / "bbpe"),
+                          "--vocab-size", "300", "--quiet"])
+    return str(root / "bbpe")
+
+
+def build(inputs, tokenizer, prefix, *extra):
+    return build_indexed.main(["--input", *map(str, inputs), "--tokenizer", tokenizer, "--output-prefix",
+                               str(prefix), *extra])
+
+
+def test_build_indexed_reads_a_wikiextractor_folder(tiny_tokenizer, tmp_path, capsys):
+    src = wiki_folder(tmp_path / "text", files=2, per_file=30)
+    assert build([src], tiny_tokenizer, tmp_path / "out" / "wiki") == 0
+    m = mf.read_manifest(str(tmp_path / "out" / "wiki"))
+    assert m["totals"]["documents"] == 60 and m["skipped"] == {}
+    assert "skipped input: none" in capsys.readouterr().out
