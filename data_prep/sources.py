@@ -17,7 +17,9 @@ the file and line (or byte offset), so nothing disappears silently.
   =========================  ===========================================================================
   reason                     what happens
   =========================  ===========================================================================
-  invalid_utf8               the line is dropped (its document keeps its other lines)
+  invalid_utf8               the line is dropped (its document keeps its other lines); over 1 % of a file's (or
+                             piece's) lines, at least 10, stops the run instead (InputError naming the file and
+                             ``iconv -f GB18030 -t UTF-8``): the file is in another encoding, not noisy
   nul_bytes                  the line is dropped (NUL bytes mean binary or UTF-16 data, not text)
   line_too_long              a line over ``max_line_bytes`` (default 16 MiB) is dropped; it is read in 1 MiB
                              pieces, never held whole, so a 50 MB line costs no memory
@@ -32,6 +34,8 @@ the file and line (or byte offset), so nothing disappears silently.
   truncated_input            a compressed stream ends early or is corrupt: documents before that point are
                              kept, the document being read is dropped, the rest of the file is lost; the
                              message names the file and the uncompressed byte offset
+  not_json_lines             a .json/.jsonl line holding a JSON array (not one object per line): dropped; a
+                             pretty-printed file (first line ``[`` or ``{``): the file is not read, counted once
   text_outside_doc           WikiExtractor input: a line outside any ``<doc>`` ... ``</doc>`` block, dropped
   unsupported_file           a file inside a directory input whose name is not .txt/.jsonl[.gz|.bz2|.zst] and
                              that is not WikiExtractor output (reported in one line per folder, with a count)
@@ -149,6 +153,7 @@ def _iter_lines(fh, path, start, end, limit, skip) -> Iterator[tuple[int, int, s
     """(byte offset, line number or 0, decoded line) for each line; None marks a dropped line (already counted)."""
     pos, lineno = start, (1 if start == 0 else 0)
     stream_errors = _stream_errors()
+    encoding = _Encoding(path, start)
     while end is None or pos < end:
         try:
             raw, n = _read_line(fh, limit)
@@ -159,7 +164,8 @@ def _iter_lines(fh, path, start, end, limit, skip) -> Iterator[tuple[int, int, s
         except OSError as err:
             raise InputError(f"{path}: read error at byte {pos} ({err}); check the file and rerun") from err
         if n == 0:
-            return
+            break
+        encoding.lines += 1
         where = f"{path}:{lineno}" if lineno else f"{path} at byte {pos}"
         if raw is None:
             skip("line_too_long", f"{where}: line of {n} bytes over the {limit}-byte limit")
@@ -172,14 +178,48 @@ def _iter_lines(fh, path, start, end, limit, skip) -> Iterator[tuple[int, int, s
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as err:
                 skip("invalid_utf8", f"{where}: invalid UTF-8 at column byte {err.start}")
+                encoding.bad(where)
                 text = None
             else:
-                if pos == 0 and text.startswith("\ufeff"):
+                if text.startswith("\ufeff"):  # at the start, or mid-file where `cat` joined files saved with one
                     text = text[1:]
         yield pos, lineno, text
         pos += n
         if lineno:
             lineno += 1
+    encoding.check(final=True)
+
+
+class _Encoding:
+    """Stops reading a file that is not UTF-8 (GB18030, latin-1): line by line it would be "read" as thousands of
+    invalid_utf8 skips and the pure-ASCII lines kept, a corpus of fragments with exit 0. A handful of bad lines in a
+    large file is crawl noise and stays a counted skip; over ``INVALID_UTF8_SHARE`` of the lines read (and at least
+    ``INVALID_UTF8_MIN`` lines) it is InputError, naming the file and the conversion. Checked when the file (or
+    piece) ends, and early once half of at least 1,000 lines are bad, so a 10 GB GB18030 file fails in seconds."""
+
+    def __init__(self, path: str, start: int):
+        self.path, self.start, self.lines, self.invalid, self.first = path, start, 0, 0, ""
+
+    def bad(self, where: str) -> None:
+        self.invalid += 1
+        self.first = self.first or where
+        if self.invalid >= 1000 and 2 * self.invalid > self.lines:
+            self.check(final=False)
+
+    def check(self, final: bool) -> None:
+        if self.invalid < INVALID_UTF8_MIN or self.invalid <= INVALID_UTF8_SHARE * self.lines:
+            return
+        part = f" (the piece from byte {self.start})" if self.start else ""
+        read = "" if final else " so far"
+        raise InputError(
+            f"{self.path}{part}: {self.invalid:,} of {self.lines:,} lines read{read} are not valid UTF-8 (first: "
+            f"{self.first}), over {INVALID_UTF8_SHARE:.0%}: the file is in another encoding. Convert it and use the "
+            f"copy, e.g. iconv -f GB18030 -t UTF-8 {self.path} > {self.path}.utf8.txt (Chinese; -f LATIN1 or "
+            f"CP1252 for Western text; `file -i` or chardet guesses)")
+
+
+INVALID_UTF8_SHARE = 0.01
+INVALID_UTF8_MIN = 10
 
 
 _TRUNCATED = "\x00truncated"  # sentinel: a decoded line can never hold NUL (such lines are dropped)
@@ -254,6 +294,7 @@ def _wiki_documents(lines, path, max_document_bytes, skip) -> Iterator[Document]
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_JQ = "Convert it to JSON lines: jq -c '.[]' {path} > out.jsonl (an array) or jq -c . {path} > out.jsonl"
 
 
 def _jsonl_documents(lines, path, json_key, skip) -> Iterator[Document]:
@@ -266,7 +307,15 @@ def _jsonl_documents(lines, path, json_key, skip) -> Iterator[Document]:
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as err:
+            if lineno == 1 and text.strip() in ("[", "{", "[{"):  # pretty-printed: every line would be invalid_json
+                skip("not_json_lines", f"{where}: pretty-printed JSON, not one object per line; the file is not "
+                                       f"read. {_JQ.format(path=path)}")
+                return
             skip("invalid_json", f"{where}: invalid JSON ({err.msg} at column {err.colno})")
+            continue
+        if isinstance(obj, list):
+            skip("not_json_lines", f"{where}: a JSON array of {len(obj):,} element(s), not one object per line; "
+                                   f"skipped. {_JQ.format(path=path)}")
             continue
         if not isinstance(obj, dict) or json_key not in obj:
             skip("missing_json_key", f"{where}: no key {json_key!r} (use --json-key)")

@@ -74,6 +74,40 @@ def test_unsupported_files_are_one_line_with_a_count_not_one_line_each(tmp_path)
     assert "50 file(s)" in where[0][1] and "part-00000.parquet" in where[0][1] and "JSON lines" in where[0][1]
 
 
+def test_a_file_in_another_encoding_stops_instead_of_building_fragments(tmp_path):
+    gb = tmp_path / "sogou.txt"
+    gb.write_bytes("".join(f"第{i}号新闻。今天天气很好，我们去公园散步。\nDebian {i}\n\n" for i in range(300))
+                   .encode("gb18030"))
+    with pytest.raises(sources.InputError, match=r"sogou.txt.*300 of 900 lines .*not valid UTF-8.*iconv -f GB18030"):
+        read(gb)
+    # a handful of bad lines in a large file stays what it was: counted, skipped, the first ones named
+    noisy = tmp_path / "noisy.txt"
+    noisy.write_bytes(b"".join(b"good line %d\n\n" % i if i % 200 else b"bad \xff line\n\n" for i in range(2000)))
+    docs, skipped, where = read(noisy)
+    assert len(docs) == 1990 and skipped == {"invalid_utf8": 10} and where[0][1].startswith(f"{noisy}:1:")
+
+
+def test_a_json_array_is_named_as_such_not_as_a_missing_key(tmp_path):
+    arr = tmp_path / "a.json"
+    arr.write_text(json.dumps([{"text": "Hello."}, {"text": "World."}]))
+    docs, skipped, where = read(arr)
+    assert docs == [] and skipped == {"not_json_lines": 1}
+    assert "JSON array of 2" in where[0][1] and "jq -c" in where[0][1] and "--json-key" not in where[0][1]
+    pretty = tmp_path / "p.json"
+    pretty.write_text(json.dumps([{"text": "Hello."}] * 50, indent=2))
+    docs, skipped, where = read(pretty)
+    assert docs == [] and skipped == {"not_json_lines": 1}  # once for the file, not invalid_json on every line
+
+
+def test_a_bom_in_the_middle_of_a_file_is_not_text(tmp_path):
+    cat = tmp_path / "cat.txt"
+    cat.write_bytes("\ufeffDoc A.\n\n".encode() + "\ufeffDoc B.\n".encode())
+    assert read(cat)[0] == [["Doc A."], ["Doc B."]]
+
+
+# ---------------------------------------------------------------------------------------------------- build_indexed
+
+
 @pytest.fixture(scope="module")
 def tiny_tokenizer(tmp_path_factory):
     from data_prep import train_tokenizer
