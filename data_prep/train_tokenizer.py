@@ -25,7 +25,8 @@ Kinds (a row of ``KINDS`` each):
 Each pipeline is exactly the one transformers' BertTokenizer / RobertaTokenizer / AlbertTokenizer rebuilds from the
 vocabulary and tokenizer_config.json (transformers 5 rebuilds rather than reading tokenizer.json's normalizer), so
 AutoTokenizer gives our ids. Trainers are fed from an iterator of lines: memory follows the number of distinct
-words (HF trainers) or is capped at ``--spm-sentences`` sampled lines (SentencePiece), not the corpus size.
+words (HF trainers) or, for SentencePiece, which holds its text in memory (~22x), is capped at ``--spm-max-bytes``
+of text (a sample spread over the inputs) and ``--spm-sentences`` lines, not the corpus size.
 
 Reproducibility: every kind gives byte-identical folders (same fingerprint) for the same command and input.
 HF's WordPieceTrainer alone does not (it numbers its "##" tokens in hash-map order and breaks ties between equally
@@ -90,13 +91,16 @@ KINDS: dict[str, Kind] = {
 WORDPIECE_ALPHABET_LIMIT = 1000
 MIN_FREQUENCY = 2
 SPM_MAX_SENTENCE_BYTES = 16384
+# SentencePiece's unigram trainer peaks at ~21.5x the text it holds (review: 4,395 MB RSS for 200 MB of text); a
+# line cap alone does not bound that (10M paragraph lines are 5-10 GB of text), so the text is capped in bytes too.
+SPM_MEMORY_FACTOR = 22
 
 
 def parse_size(text: str) -> int:
     """'500K', '10M', '2G', '12345' -> bytes (powers of 1024)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, flags=re.IGNORECASE)
     if not match:
-        raise argparse.ArgumentTypeError(f"--limit-bytes {text!r}: expected a size like 500K, 10M, 2G or 12345")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a size like 500K, 10M, 2G or 12345")
     scale = 1024 ** " KMGT".index(match.group(2).upper() or " ")
     return int(float(match.group(1)) * scale)
 
@@ -156,7 +160,7 @@ class LineFeed:
         for share in self.shares:  # a second pass (wordpiece's probe) counts anew
             share.taken = share.lines = share.documents = 0
             share.complete = True
-        total = self.limit_bytes
+        total = None if self.limit_bytes is None else min(self.limit_bytes, sum(s.size for s in self.shares))
         if total is None and self.progress:
             total = sum(self._sources.input_bytes(p) for p in self.paths)  # on disk: compressed inputs run past it
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading", disable=not self.progress, mininterval=1.0)
@@ -225,8 +229,8 @@ def train_unigram(feed: LineFeed, vocab_size: int, lowercase: bool, max_sentence
         character_coverage=0.9995, normalization_rule_name="nmt_nfkc",
         # A corpus too small for the vocabulary gives fewer pieces (reported) instead of an abort.
         hard_vocab_limit=False,
-        # SentencePiece holds its training sentences in memory: sample at most this many (reservoir sampling) so a
-        # 160 GB corpus costs a bounded few GB.
+        # SentencePiece holds its training sentences in memory: at most this many (reservoir sampling), of at most
+        # --spm-max-bytes of text (main() caps the feed), so a 160 GB corpus costs a bounded, announced amount.
         input_sentence_size=max_sentences, shuffle_input_sentence=True, max_sentence_length=SPM_MAX_SENTENCE_BYTES,
         num_threads=threads, minloglevel=2)
     return model.getvalue(), unigram_from_spm(model.getvalue(), lowercase)
@@ -361,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "in proportion to its text size (default: all input)")
     p.add_argument("--spm-sentences", type=int, default=10_000_000,
                    help="unigram: lines SentencePiece samples into memory (default 10,000,000)")
+    p.add_argument("--spm-max-bytes", type=parse_size, default=1 << 30,
+                   help="unigram: at most this much text (a sample spread over the inputs, as --limit-bytes) goes to "
+                        "SentencePiece, which holds it in memory, ~%dx: the default 1G needs ~22 GB" % SPM_MEMORY_FACTOR)
     p.add_argument("--threads", type=int, default=usable_cpus(),
                    help="unigram: SentencePiece threads (default: the CPUs this process may use, e.g. its Slurm allocation)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -384,9 +391,17 @@ def main(argv: list[str] | None = None) -> int:
                          "as in RoBERTa); drop --lowercase")
     from data_prep.sources import InputError
 
+    limit = args.limit_bytes
+    if args.kind == "unigram":
+        limit = args.spm_max_bytes if limit is None else min(limit, args.spm_max_bytes)
     try:
-        feed = LineFeed(args.input, json_key=args.json_key, limit_bytes=args.limit_bytes,
+        feed = LineFeed(args.input, json_key=args.json_key, limit_bytes=limit,
                         progress=not args.quiet and sys.stderr.isatty())
+        if args.kind == "unigram":
+            text = min(limit, sum(share.size for share in feed.shares))
+            print(f"unigram: SentencePiece holds its training text in memory: up to {text / 1e6:,.1f} MB of text, "
+                  f"expect ~{SPM_MEMORY_FACTOR * text / 1e9:,.1f} GB of RAM (~{SPM_MEMORY_FACTOR}x; lower "
+                  f"--spm-max-bytes or --limit-bytes to need less)", flush=True)
         spm_model = None
         if args.kind in ("wordpiece", "zh"):
             # the same lines again, read anew, for the first of the two passes that make training deterministic
@@ -412,9 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     actual = meta["vocab_size"]
     print(f"{args.kind} tokenizer: {actual:,} tokens ({'uncased' if lowercase else 'cased'}) from {feed.lines:,} lines, "
           f"{feed.documents:,} documents, {feed.bytes / 1e6:.1f} MB from {len(feed.paths)} input(s)"
-          f"{' (sampled to --limit-bytes)' if feed.truncated else ''} -> {args.output}")
-    if args.limit_bytes is not None:
-        print("\n".join(sample_text.describe(feed.shares, args.limit_bytes)))
+          f"{' (a sample, below)' if feed.truncated else ''} -> {args.output}")
+    if limit is not None and feed.truncated:
+        print("\n".join(sample_text.describe(feed.shares, limit)))
     print(f"fingerprint {fingerprint_folder(args.output)[:16]}, special ids "
           + " ".join(f"{kind.specials[r]}={getattr(loaded, r + '_id')}" for r in ROLES))
     if feed.skipped:

@@ -458,3 +458,19 @@ def test_limit_bytes_sample_is_deterministic_and_logged_per_kind(tmp_path, capsy
     log = capsys.readouterr().out
     assert re.search(r"MB of \d.*\(\d+%\) from 1 plain input", log), log
     assert re.search(r"MB of ~\d.*\(\d+%\) from 1 compressed input", log), log
+
+
+def test_unigram_text_is_capped_in_bytes_and_its_memory_announced(tmp_path, en_corpus, capsys):
+    """SentencePiece holds its text in memory at ~22x (44 GB at 2G of text); --spm-sentences bounds lines, and 10M
+    paragraph lines are GBs. --spm-max-bytes caps the text (sampled over the inputs) and the run says what to
+    expect before it starts."""
+    corpus = tmp_path / "en.txt"
+    corpus.write_text(_read_slice(en_corpus, 300_000), encoding="utf-8")
+    out = tmp_path / "uni"
+    assert train_tokenizer.main(["--kind", "unigram", "--input", str(corpus), "--output", str(out), "--vocab-size",
+                                 "400", "--spm-max-bytes", "100K", "--quiet"]) == 0
+    meta = json.loads((out / META_FILE).read_text())["training"]
+    assert meta["truncated_at_limit"] and 90 * 1024 <= meta["bytes"] <= 100 * 1024
+    log = capsys.readouterr().out
+    assert re.search(r"up to 0\.1 MB of text, expect ~0\.0 GB of RAM", log), log
+    assert log.index("expect ~") < log.index("unigram tokenizer:")  # said before training, not after
