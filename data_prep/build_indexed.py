@@ -35,7 +35,8 @@ write the same work files), and the lock of a run that died is taken over (--loc
 MPI: launched by ``mpirun``/``srun`` (detected from OMPI_COMM_WORLD_SIZE, PMI_SIZE or a Slurm step with several
 tasks), ranks split the pieces; mpi4py is imported only then, after the worker pool is gone (forking an initialised
 MPI process is unsafe). Bad input: see data_prep/sources.py (counted by reason in the summary and the manifest, or
-stopping the run naming the file).
+stopping the run naming the file); a run that lost over --max-bad-share of its records stops before its manifest
+(data_prep/bad_input.py).
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ from pathlib import Path
 import numpy as np
 
 from data_prep import manifest as mf
-from data_prep import build_indexed_args, prep_lock, sources
+from data_prep import bad_input, build_indexed_args, prep_lock, sources
 from data_prep.prep_work import (Piece, Settings, World, auto_chunk_bytes, finalize, finished_pieces, plan_identity,
                                  plan_pieces, prepare_workdir, record_name, same_unfinished_run, up_to_date,
                                  write_json_atomic)
@@ -440,6 +441,9 @@ def main(argv=None) -> int:
             if world.rank != 0:
                 return 0
             lock.check_held()  # nothing is renamed by a run that lost its lock
+            if message := bad_input.check(workdir, pieces, dir_skips, args.max_bad_share):  # most input lost?
+                print(message, file=sys.stderr)
+                return 2
             manifest = finalize(prefix, workdir, pieces, identity["inputs"], settings, tokenizer, args.tokenizer,
                                 dir_skips)
             _summary(prefix, manifest, time.time() - t0, sum(n for _, n in statuses))

@@ -6,7 +6,7 @@ import argparse
 import math
 import os
 
-from data_prep import prefix_names, prep_lock, sources
+from data_prep import bad_input, prefix_names, prep_lock, sources
 
 
 def parse_args(argv=None, doc: str = "") -> argparse.Namespace:
@@ -30,6 +30,10 @@ def parse_args(argv=None, doc: str = "") -> argparse.Namespace:
                     help="longer lines are skipped and counted")
     ap.add_argument("--max-document-mb", type=float, default=sources.MAX_DOCUMENT_BYTES / 2**20,
                     help=".txt documents longer than this are cut into several")
+    ap.add_argument("--max-bad-share", type=float, default=bad_input.DEFAULT_MAX_BAD_SHARE,
+                    help="stop before the manifest when records skipped as bad input (wrong --json-key, invalid "
+                    "JSON or UTF-8, unsupported files) pass this share of the records read (data_prep/bad_input.py);"
+                    " 1 accepts any loss")
     ap.add_argument("--tokenizer-threads", type=int, default=0, help="Rust threads per worker; 0 = cores/workers")
     ap.add_argument("--overwrite", action="store_true", help="discard an unfinished run with other settings")
     ap.add_argument("--lock-stale-s", type=float, default=prep_lock.STALE_S, help="a run on another host holding "
@@ -51,6 +55,8 @@ def parse_args(argv=None, doc: str = "") -> argparse.Namespace:
                  f"{os.path.join(prefix, 'corpus')} (writes corpus_00000.bin/.idx ... and corpus.manifest.json)")
     if message := prefix_names.too_long(prefix):  # the trainer's cache names hold NAME too
         ap.error(message)
+    if not (math.isfinite(args.max_bad_share) and 0 <= args.max_bad_share <= 1):
+        ap.error(f"--max-bad-share {args.max_bad_share}: must be a share between 0 and 1")
     if not (math.isfinite(args.lock_stale_s) and args.lock_stale_s > 0):
         ap.error(f"--lock-stale-s {args.lock_stale_s}: must be a positive number of seconds")
     for key in ("chunk_size_mb", "shard_size_mb", "max_line_mb", "max_document_mb"):

@@ -130,3 +130,35 @@ def test_build_indexed_reads_a_wikiextractor_folder(tiny_tokenizer, tmp_path, ca
     m = mf.read_manifest(str(tmp_path / "out" / "wiki"))
     assert m["totals"]["documents"] == 60 and m["skipped"] == {}
     assert "skipped input: none" in capsys.readouterr().out
+
+
+def test_build_indexed_refuses_a_run_that_loses_a_large_share_of_its_records(tiny_tokenizer, tmp_path, capsys):
+    src = tmp_path / "mix"
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(json.dumps({"text": f"Doc {i}."}) + "\n" for i in range(100)))
+    (src / "b.jsonl").write_text("".join(json.dumps({"content": f"Doc {i}."}) + "\n" for i in range(100)))
+    prefix = tmp_path / "out" / "mix"
+    assert build([src], tiny_tokenizer, prefix) == 2
+    err = capsys.readouterr().err
+    assert "missing_json_key 100" in err and "--max-bad-share" in err and "--json-key" in err
+    assert f"{src / 'b.jsonl'}: missing_json_key 100" in err  # which input lost what
+    assert not mf.manifest_path(str(prefix)).exists()
+    # accepting the loss finalizes the finished pieces
+    assert build([src], tiny_tokenizer, prefix, "--max-bad-share", "1") == 0
+    assert mf.read_manifest(str(prefix))["totals"]["documents"] == 100
+    # 300 unsupported files beside one .txt: not a 1-document corpus with exit 0
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(300):
+        (many / f"part-{i:05d}").write_text("plain text, no extension\n")
+    (many / "notes.txt").write_text("One doc.\n")
+    assert build([many], tiny_tokenizer, tmp_path / "out" / "many") == 2
+    out = capsys.readouterr()
+    assert "unsupported_file 300" in out.err
+    assert sum("unsupported_file" in line for line in (out.out + out.err).splitlines()) <= 2
+    # a GB18030 file stops the run, naming the file and the conversion
+    gb = tmp_path / "gb" / "news.txt"
+    gb.parent.mkdir()
+    gb.write_bytes("".join(f"第{i}号新闻。\nDebian {i}\n\n" for i in range(100)).encode("gb18030"))
+    assert build([gb], tiny_tokenizer, tmp_path / "out" / "gb") == 2
+    assert "iconv -f GB18030 -t UTF-8" in capsys.readouterr().err

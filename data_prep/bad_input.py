@@ -1,0 +1,66 @@
+"""build_indexed's last check before its manifest: did the run read most of its input, or only a fraction of it?
+
+Every bad record is counted by reason (data_prep/sources.py), but a count in a summary is easy to miss: a folder
+mixing ``text`` and ``content`` keys builds half its records, 2,000 unsupported files beside one .txt build a
+1-document corpus, and both exit 0. ``check`` refuses to finish such a run: when the records skipped for bad input
+(``BAD_REASONS``: wrong key, invalid JSON or UTF-8, unsupported files, ...; not empty documents, which are no loss,
+nor per-record content quirks such as lone_surrogate or line_too_long) number at least ``MIN_BAD`` and pass
+``--max-bad-share`` of the records read (documents written + bad ones; bad lines and files count as records, a
+deliberately rough unit), it returns the message naming the counts by reason, the inputs that lost most and what
+to do. The finished pieces stay in the work folder, so rerunning with a fixed --json-key rebuilds, and rerunning
+with a higher --max-bad-share (the share is not part of the run's identity) only finalizes.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from data_prep.prep_work import record_name
+
+BAD_REASONS = ("invalid_utf8", "nul_bytes", "invalid_json", "missing_json_key", "json_value_not_string",
+               "not_json_lines", "unsupported_file", "text_outside_doc")
+DEFAULT_MAX_BAD_SHARE = 0.01
+MIN_BAD = 10  # below this many, a small corpus (a test, a sample) with one stray bad line is not refused
+
+_FIX = {
+    "missing_json_key": "the records hold their text under another key: look at one (head -c 300 FILE) and set "
+                        "--json-key, or build the inputs with different keys in separate runs",
+    "json_value_not_string": "--json-key names a field that is not text",
+    "invalid_json": "the .jsonl files are not one JSON object per line",
+    "not_json_lines": "convert JSON arrays / pretty-printed JSON with jq -c '.[]' FILE > FILE.jsonl",
+    "unsupported_file": "files of an unsupported type were left out: convert them to .txt / .jsonl, or name only "
+                        "the inputs in --input",
+    "invalid_utf8": "convert non-UTF-8 files (iconv -f GB18030 -t UTF-8)",
+    "nul_bytes": "binary or UTF-16 files (iconv -f UTF-16 -t UTF-8)",
+}
+
+
+def check(workdir: Path, pieces, extra_skipped: Counter, max_share: float) -> str | None:
+    """None when the bad share is within ``max_share``; else the error message (module docstring). Pieces without a
+    record are left to finalize, which names them."""
+    bad, documents, by_input = Counter(), 0, {}
+    for reason in BAD_REASONS:
+        bad[reason] += extra_skipped.get(reason, 0)
+    for p in pieces:
+        path = workdir / record_name(p.index)
+        if not path.exists():
+            continue
+        rec = json.loads(path.read_text(encoding="utf-8"))
+        documents += sum(s["documents"] for s in rec["shards"])
+        mine = Counter({k: v for k, v in rec["skipped"].items() if k in BAD_REASONS})
+        bad.update(mine)
+        by_input.setdefault(p.path, Counter()).update(mine)
+    n_bad = sum(bad.values())
+    if n_bad < MIN_BAD or n_bad <= max_share * (documents + n_bad):
+        return None
+    worst = sorted(((sum(c.values()), path, c) for path, c in by_input.items() if c), key=lambda t: -t[0])[:3]
+    inputs = "; ".join(f"{path}: " + ", ".join(f"{k} {v:,}" for k, v in sorted(c.items())) for _, path, c in worst)
+    fixes = " ".join(f"{r}: {_FIX[r]}." for r in sorted(bad) if bad[r] and r in _FIX)
+    return (f"error: {n_bad:,} records, lines or files were skipped as bad input against {documents:,} documents "
+            f"written ({n_bad / (documents + n_bad):.1%}, over --max-bad-share {max_share:g}): "
+            + ", ".join(f"{k} {v:,}" for k, v in sorted(bad.items()) if v)
+            + (f". Most affected inputs: {inputs}" if inputs else "")
+            + f". {fixes} The corpus is not finalized; {workdir} keeps the finished pieces: rerun after fixing the "
+              f"inputs (with --overwrite if they changed), or with a higher --max-bad-share to accept the loss "
+              f"(nothing is tokenized again).")
