@@ -196,10 +196,12 @@ def _window_count(budget: int) -> int:
 
 def _line_starts(path: str, kind: str, extent: int, n: int) -> list[int]:
     """``n`` evenly spaced offsets in ``[0, extent)``, each moved on to the start of a line (module indices for
-    pydocs), without repeats."""
+    pydocs), without repeats. In WikiExtractor output, to the start of a ``<doc ...>`` line: a window starting
+    inside a block would read its lines as text outside any block (dropped, counted as text_outside_doc)."""
     offsets = [extent * k // n for k in range(n)]
     if kind == "pydocs":
         return sorted(set(offsets))
+    wiki = sources.input_format(path) == "wiki"
     out: list[int] = []
     with sources.open_binary(path) as fh:
         for c in offsets:
@@ -209,6 +211,11 @@ def _line_starts(path: str, kind: str, extent: int, n: int) -> list[int]:
                 if fh.read(1) != b"\n":
                     _, skipped = sources._read_line(fh, sources.MAX_LINE_BYTES)
                     pos += skipped
+                while wiki and pos < extent:
+                    raw, size = sources._read_line(fh, sources.MAX_LINE_BYTES)
+                    if size == 0 or (raw is not None and raw.lstrip().startswith(b"<doc")):
+                        break
+                    pos += size
             if pos < extent and (not out or pos > out[-1]):
                 out.append(pos)
     return out or [0]

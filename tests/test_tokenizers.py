@@ -474,3 +474,19 @@ def test_unigram_text_is_capped_in_bytes_and_its_memory_announced(tmp_path, en_c
     log = capsys.readouterr().out
     assert re.search(r"up to 0\.1 MB of text, expect ~0\.0 GB of RAM", log), log
     assert log.index("expect ~") < log.index("unigram tokenizer:")  # said before training, not after
+
+
+def test_limit_bytes_windows_of_wikiextractor_output_start_at_a_doc_tag(tmp_path):
+    """A window that started inside a <doc> block would drop the block's lines as text_outside_doc: windows of
+    WikiExtractor output start at <doc ...> lines, so the sample holds article text only, from every part."""
+    (tmp_path / "AA").mkdir()
+    (tmp_path / "AA" / "wiki_00").write_text("".join(
+        f'<doc id="{i}" url="https://x/?curid={i}" title="Title {i}">\nTitle {i}\n\n'
+        + "".join(f"Article {i} paragraph {j} says something long enough.\n" for j in range(8)) + "\n</doc>\n"
+        for i in range(2000)), encoding="utf-8")
+    feed, lines = _sample([tmp_path], 60_000)
+    assert 0.9 * 60_000 <= feed.bytes <= 60_000
+    assert not feed.skipped, feed.skipped
+    assert not any(x.startswith(("<doc", "</doc")) for x in lines)
+    ids = {int(x.split()[1]) for x in lines if x.startswith("Article")}
+    assert min(ids) < 100 and max(ids) > 1800  # 15 windows: the last starts at 14/15 of the file
