@@ -43,8 +43,10 @@ the file and line (or byte offset), so nothing disappears silently.
   =========================  ===========================================================================
 
   Stops the run (``InputError``, naming the file): an input spec that matches nothing, an explicitly named file
-  of an unsupported type, a file that cannot be opened (permissions, vanished) or an I/O error reading a plain
-  file. A corpus with a missing part is a configuration error, better found before hours of work than after.
+  of an unsupported type, a file in another encoding (see invalid_utf8), a file whose lines end in CR alone
+  (classic Mac OS: ``_check_line_ends``), a file that cannot be opened (permissions, vanished) or an I/O error
+  reading a plain file. A corpus with a missing part is a configuration error, better found before hours of work
+  than after.
 
 Where the inputs come from (files, directories, globs, decompression) and how one file is cut into byte-range
 pieces (``piece_bounds`` + ``iter_documents(start=, end=)``) is data_prep/input_files.py; every public name there is
@@ -137,6 +139,8 @@ def iter_documents(
         return
     if start and not is_splittable(path):
         raise InputError(f"{path}: a compressed input cannot be read from byte {start}")
+    if start == 0:
+        _check_line_ends(path)
     with open_binary(path) as fh:
         if start:
             fh.seek(start)
@@ -147,6 +151,19 @@ def iter_documents(
             yield from _wiki_documents(lines, path, max_document_bytes, skip)
         else:
             yield from _jsonl_documents(lines, path, json_key, skip)
+
+
+def _check_line_ends(path: str) -> None:
+    """A classic Mac OS file (lines ended by CR alone) would be one line: its documents merged into one, or the whole
+    file dropped as line_too_long. Its first 64 KiB hold CRs and no LF: stop, naming the conversion."""
+    try:
+        with open_binary(path) as fh:
+            head = fh.read(1 << 16)
+    except _stream_errors():
+        return  # a truncated stream is reported, with its offset, by the read itself
+    if b"\n" not in head and head.count(b"\r") >= 2:
+        raise InputError(f"{path}: its lines end in CR alone (classic Mac OS), which would read as one line and merge "
+                         f"its documents; convert it: tr '\\r' '\\n' < {path} > {path}.unix.txt, and use the copy")
 
 
 def _iter_lines(fh, path, start, end, limit, skip) -> Iterator[tuple[int, int, str | None]]:

@@ -162,3 +162,13 @@ def test_build_indexed_refuses_a_run_that_loses_a_large_share_of_its_records(tin
     gb.write_bytes("".join(f"第{i}号新闻。\nDebian {i}\n\n" for i in range(100)).encode("gb18030"))
     assert build([gb], tiny_tokenizer, tmp_path / "out" / "gb") == 2
     assert "iconv -f GB18030 -t UTF-8" in capsys.readouterr().err
+
+
+def test_a_file_with_cr_only_line_ends_stops_instead_of_merging_its_documents(tmp_path):
+    mac = tmp_path / "mac.txt"
+    mac.write_bytes(b"Doc A line one.\rDoc A line two.\r\rDoc B.\r")
+    with pytest.raises(sources.InputError, match=r"mac.txt: its lines end in CR alone.*tr '\\r' '\\n'"):
+        read(mac)
+    crlf = tmp_path / "dos.txt"  # CRLF stays fine
+    crlf.write_bytes(b"Doc A line one.\r\nDoc A line two.\r\n\r\nDoc B.\r\n")
+    assert read(crlf)[0] == [["Doc A line one.", "Doc A line two."], ["Doc B."]]
