@@ -388,6 +388,9 @@ def main(argv=None) -> int:
         )
         pieces = plan_pieces(inputs, settings)
         identity = plan_identity(inputs, settings, tokenizer, pieces)
+        note = bad_input.one_piece_note(inputs, pieces, settings.chunk_bytes, args.workers * world.size)
+        if note:
+            say(note, file=sys.stderr)
     except sources.InputError as err:  # an input vanished or became unreadable while the run was being planned
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -172,3 +172,30 @@ def test_a_file_with_cr_only_line_ends_stops_instead_of_merging_its_documents(tm
     crlf = tmp_path / "dos.txt"  # CRLF stays fine
     crlf.write_bytes(b"Doc A line one.\r\nDoc A line two.\r\n\r\nDoc B.\r\n")
     assert read(crlf)[0] == [["Doc A line one.", "Doc A line two."], ["Doc B."]]
+
+
+def test_a_large_compressed_input_is_said_to_be_one_worker_s_piece(tmp_path):
+    """A compressed file cannot be cut at byte offsets, so build_indexed reads it as one piece on one worker: with
+    several workers and such files holding most of the input, the run says so and how to cut them (a review measured
+    92.8 s instead of 47.8 s on 50 MB with 2 workers, silently)."""
+    import gzip
+
+    from data_prep.bad_input import one_piece_note
+    from data_prep.prep_work import Settings, plan_pieces
+
+    text = "".join(f'{{"text": "document {i} has a few words in it."}}\n' for i in range(20000)).encode()
+    big = tmp_path / "big.jsonl.gz"
+    with gzip.open(big, "wb", compresslevel=1) as fh:
+        fh.write(text)
+    small = tmp_path / "small.jsonl"
+    small.write_bytes(text[:20000])
+    plain = tmp_path / "plain.jsonl"
+    plain.write_bytes(text)
+    chunk = 16 << 10
+    settings = Settings("text", False, chunk, 1 << 30, 1 << 30, 1 << 20, 1 << 26, "uint16")
+    inputs = [str(big), str(small)]
+    note = one_piece_note(inputs, plan_pieces(inputs, settings), chunk, processes=4)
+    assert note and "1 compressed input(s)" in note and "big.jsonl.gz" in note and "split -C" in note
+    assert one_piece_note(inputs, plan_pieces(inputs, settings), chunk, processes=1) is None  # one worker anyway
+    plain_inputs = [str(plain), str(small)]
+    assert one_piece_note(plain_inputs, plan_pieces(plain_inputs, settings), chunk, processes=4) is None  # cut up
