@@ -221,7 +221,7 @@ def _line_starts(path: str, kind: str, extent: int, n: int) -> list[int]:
     return out or [0]
 
 
-def describe(shares: list[InputShare], limit: int) -> list[str]:
+def describe(shares: list[InputShare], limit: int, flag: str = "--limit-bytes") -> list[str]:
     """One line per kind of input: text taken against the text there is, so a skewed sample shows."""
     lines = []
     for kind, what in (("plain", "plain input(s)"), ("compressed", "compressed input(s), sizes estimated "
@@ -233,7 +233,7 @@ def describe(shares: list[InputShare], limit: int) -> list[str]:
         taken, size = sum(s.taken for s in group), sum(s.size for s in group)
         lines.append(f"  {taken / 1e6:,.1f} MB of {'~' if kind != 'plain' else ''}{size / 1e6:,.1f} MB "
                      f"({100 * taken / size:.0f}%) from {len(group)} {what}")
-    return [f"--limit-bytes {limit:,}: sampled across each input, by share of text size:"] + lines
+    return [f"{flag} {limit:,}: sampled across each input, by share of text size:"] + lines
 
 
 def stats(shares: list[InputShare]) -> tuple[int, int, int, bool]:

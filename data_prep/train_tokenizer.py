@@ -429,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{feed.documents:,} documents, {feed.bytes / 1e6:.1f} MB from {len(feed.paths)} input(s)"
           f"{' (a sample, below)' if feed.truncated else ''} -> {args.output}")
     if limit is not None and feed.truncated:
-        print("\n".join(sample_text.describe(feed.shares, limit)))
+        flag = "--limit-bytes" if limit == args.limit_bytes else "--spm-max-bytes"
+        print("\n".join(sample_text.describe(feed.shares, limit, flag)))
     print(f"fingerprint {fingerprint_folder(args.output)[:16]}, special ids "
           + " ".join(f"{kind.specials[r]}={getattr(loaded, r + '_id')}" for r in ROLES))
     if feed.skipped:

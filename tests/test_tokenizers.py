@@ -474,6 +474,7 @@ def test_unigram_text_is_capped_in_bytes_and_its_memory_announced(tmp_path, en_c
     log = capsys.readouterr().out
     assert re.search(r"up to 0\.1 MB of text, expect ~0\.0 GB of RAM", log), log
     assert log.index("expect ~") < log.index("unigram tokenizer:")  # said before training, not after
+    assert "--spm-max-bytes 102,400: sampled across each input" in log  # the cap that made it a sample
 
 
 def test_limit_bytes_windows_of_wikiextractor_output_start_at_a_doc_tag(tmp_path):
@@ -490,3 +491,25 @@ def test_limit_bytes_windows_of_wikiextractor_output_start_at_a_doc_tag(tmp_path
     assert not any(x.startswith(("<doc", "</doc")) for x in lines)
     ids = {int(x.split()[1]) for x in lines if x.startswith("Article")}
     assert min(ids) < 100 and max(ids) > 1800  # 15 windows: the last starts at 14/15 of the file
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".zst"])
+def test_compressed_input_size_is_estimated_uncompressed(tmp_path, monkeypatch, suffix):
+    """A compressed input's share follows its uncompressed text: exact when the stream fits in the probe, within a
+    few percent from the probe's ratio otherwise (the probe is made small here to test the second case)."""
+    import bz2
+    import random
+
+    import zstandard
+
+    from data_prep import sample_text
+
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(3000)]
+    text = "".join(" ".join(rng.choice(words) for _ in range(12)) + ".\n" for _ in range(20000)).encode()
+    path = tmp_path / f"c.txt{suffix}"
+    pack = {".gz": gzip.compress, ".bz2": bz2.compress, ".zst": zstandard.ZstdCompressor().compress}[suffix]
+    path.write_bytes(pack(text[:50_000]) + pack(text[50_000:]))  # two members / streams / frames, as cat makes
+    assert sample_text.estimate_uncompressed(str(path)) == len(text)
+    monkeypatch.setattr(sample_text, "PROBE_BYTES", 200_000)
+    assert abs(sample_text.estimate_uncompressed(str(path)) / len(text) - 1) < 0.1
