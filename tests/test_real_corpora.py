@@ -199,3 +199,22 @@ def test_a_large_compressed_input_is_said_to_be_one_worker_s_piece(tmp_path):
     assert one_piece_note(inputs, plan_pieces(inputs, settings), chunk, processes=1) is None  # one worker anyway
     plain_inputs = [str(plain), str(small)]
     assert one_piece_note(plain_inputs, plan_pieces(plain_inputs, settings), chunk, processes=4) is None  # cut up
+
+
+def test_a_few_bad_lines_in_long_documents_are_measured_against_lines_not_documents(tiny_tokenizer, tmp_path):
+    """A books-style corpus: 50 documents of 500 lines, 20 lines (0.08 %) holding a stray latin-1 byte. The per-file
+    encoding check accepts it and so must the bad-share guard: counted against the 50 documents it read as 28.6 %
+    and refused the build (review of 2026-12-06)."""
+    src = tmp_path / "books.txt"
+    lines = []
+    for d in range(50):
+        for i in range(500):
+            lines.append(f"Book {d} line {i} tells a story.".encode())
+        lines.append(b"")
+    for k in range(20):
+        lines[k * 1200 + 7] = b"caf\xe9 au lait, line " + str(k).encode()
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    prefix = tmp_path / "out" / "books"
+    assert build([src], tiny_tokenizer, prefix) == 0
+    m = mf.read_manifest(str(prefix))
+    assert m["totals"]["documents"] == 50 and m["skipped"].get("invalid_utf8") == 20
