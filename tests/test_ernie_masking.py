@@ -150,6 +150,26 @@ def test_select_units_uniform_over_units():
     assert np.all(np.abs(freq - 0.1) < 5 * math.sqrt(0.1 * 0.9 / 4000))
 
 
+def test_select_units_skips_a_unit_that_does_not_fit_and_goes_on():
+    """Phrase/entity units of 1-8 tokens over 510 positions, budget 76: a unit that no longer fits is skipped and
+    the scan goes on (BERT's whole-word rule), so every row fills its budget exactly; stopping at the first misfit
+    left about half the rows short (review of 2026-12-06)."""
+    rng = np.random.default_rng(0)
+    B, T = 200, 510
+    units = np.full((B, T), -1, np.int64)
+    for b in range(B):
+        pos, u = 0, 0
+        while pos < T:
+            n = int(rng.integers(1, 9))
+            units[b, pos:pos + n] = u
+            pos, u = pos + n, u + 1
+    sel = select_units(units, np.full(B, 76, np.int64), rng)
+    assert (sel.sum(1) == 76).all(), np.mean(sel.sum(1) == 76)
+    for b in range(B):  # units whole
+        chosen = set(units[b][sel[b]].tolist())
+        assert sel[b][np.isin(units[b], list(chosen))].all()
+
+
 def test_entities_from_jieba_masked_whole_on_chinese_corpus(tmp_path, zh_corpus):
     from test_annotate import _zh_tokenizer_dir
     from tokenizers import Tokenizer

@@ -9,11 +9,12 @@ a sample knows its step from its global position (``step = position // global_ba
 function of (seed, epoch, index).
 
 Selection is vectorised over the whole ``[B, T]`` batch with no per-token Python loop: every unit draws a random key,
-tokens are sorted by their unit's key (a unit's tokens end up adjacent), a running count in that order gives each
-unit the number of tokens selected up to and including it, and a unit is taken when that count is within the row's
-budget ``min(max_predictions, round(rate * candidates))``. This is "shuffle the units, take them while they fit",
-the rule of BERT's whole-word masking and ERNIE's reference data reader; it undershoots the budget by less than one
-unit's length. Selected tokens are replaced 80/10/10 ([MASK] / random non-special token / kept) per token.
+tokens are sorted by their unit's key (a unit's tokens end up adjacent), and the units are scanned in that order,
+each taken when it fits what is left of the row's budget ``min(max_predictions, round(rate * candidates))`` and
+skipped otherwise (``trainer.data.masking.greedy_fit``: "shuffle the units, take each that fits", the rule of BERT's
+whole-word masking, which ``continue``s past a word that does not fit; stopping at the first one left 54 % of the rows
+short of the budget, 2.2 % fewer predictions on phrase/entity units, measured by review on 2026-12-06). Selected tokens
+are replaced 80/10/10 ([MASK] / random non-special token / kept) per token.
 
 Written here rather than taken from ``trainer/data``'s strategies because those build units from the token ids
 alone; knowledge units come from side-car spans, which need their own merge step (``unit_ids``).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainer.ernie.config import KnowledgeMaskingConfig, KnowledgeStage  # noqa: F401  (re-exported)
+from trainer.data.masking import greedy_fit
 
 LEVELS = ("basic", "phrase", "entity")
 # Side-car kinds merged into units at each level (data_prep.annotate: 0 = entity, 1 = phrase).
@@ -65,12 +67,13 @@ def unit_ids(word_start: np.ndarray, candidate: np.ndarray, spans: np.ndarray, l
 
 def select_units(units: np.ndarray, budget: np.ndarray, rng: np.random.Generator | None,
                  keys: np.ndarray | None = None) -> np.ndarray:
-    """Shuffle each row's units and take them while the running token count fits ``budget`` [B]. -> bool [B, T].
+    """Shuffle each row's units and take each that fits what is left of ``budget`` [B]. -> bool [B, T].
 
     Works on the flat list of candidate tokens: one sort by (row + the unit's random key in [0, 1)) groups rows,
-    then units in random order, a unit's tokens adjacent in position order; the running count within the row at a
-    unit's last token is the unit's cumulative size. Example, one row, units [0, 0, 1, 2] with keys [.7, .2, .5] and
-    budget 2: order 1 | 2 | 0 0, running 1 | 2 | 3 4 -> units 1 and 2 taken, unit 0 (would end at 4) not.
+    then units in random order, a unit's tokens adjacent in position order; ``greedy_fit`` scans the units' sizes in
+    that order. Example, one row, units [0, 0, 1, 2] with keys [.7, .2, .5] and budget 2: order 1 | 2 | 0 0 ->
+    units 1 and 2 taken (2 tokens), unit 0 (2 more) not; with keys [.1, .2, .5], unit 0 first (2 tokens), then
+    1 and 2 skipped.
     About 15 numpy calls per batch whatever B is, so one row costs ~100 us and a 64-row batch barely more.
     """
     B, T = units.shape
@@ -84,12 +87,12 @@ def select_units(units: np.ndarray, budget: np.ndarray, rng: np.random.Generator
     unit = units.ravel()[flat]
     order = np.argsort(keys[row, unit] + row, kind="stable")
     r, u = row[order], unit[order]
-    running = np.arange(1, len(order) + 1) - np.searchsorted(r, np.arange(B))[r]
     last = np.ones(len(order), bool)  # last token of its (row, unit) group in sorted order
     last[:-1] = (u[1:] != u[:-1]) | (r[1:] != r[:-1])
     group = np.cumsum(last) - last  # group index of every sorted token
-    fits = running[last][group] <= budget[r]
-    selected[flat[order[fits]]] = True
+    sizes = np.bincount(group, minlength=int(last.sum()))
+    taken = greedy_fit(sizes, r[last], np.asarray(budget, np.int64))  # rows ascending: sorted by row first
+    selected[flat[order[taken[group]]]] = True
     return selected.reshape(B, T)
 
 
