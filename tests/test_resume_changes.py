@@ -115,3 +115,19 @@ def test_relaunching_a_stopped_run_with_the_same_stop_at_step_trains_nothing(tmp
     root = tmp_path / "run" / "checkpoints"
     assert [p.name for p in checkpoint.complete_checkpoints(root)] == ["global_step2", "global_step4"]
     assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "stopped"
+
+
+def test_a_resume_says_which_model_settings_changed_since_the_checkpoint():
+    """An upgrade changed a preset under a running job (ernie2-base's LayerNorm eps, 1e-12 -> 1e-5 on 2026-12-06):
+    the resume continues with the launch's value, said with the --set that keeps the old one; before, nothing was
+    said (diff review). The function the trainer prints from; the print itself is one line in pretrain.run."""
+    from trainer.init_from import resume_field_changes
+    from trainer.models import get_preset
+
+    now = get_preset("tiny", layer_norm_eps=1e-5)
+    saved = {"model": {**get_preset("tiny").model_dump(), "layer_norm_eps": 1e-12}}
+    note = resume_field_changes(saved, now)
+    assert note and "layer_norm_eps 1e-12 in the checkpoint's run, 1e-05 now" in note
+    assert "--set model.layer_norm_eps=1e-12" in note
+    assert resume_field_changes({"model": now.model_dump()}, now) is None
+    assert resume_field_changes({}, now) is None  # an old checkpoint without a recorded config

@@ -185,6 +185,22 @@ def check_fields(init_from, source_cfg, model_cfg) -> None:
                          f"({there}); its weights need the source's: {sets}")
 
 
+def resume_field_changes(saved_config: dict | None, model_cfg) -> str | None:
+    """A warning when a resume builds the model with other ``FIELDS`` values than the checkpoint's run did (a recipe
+    or preset changed by an upgrade: ``ernie2-base``'s LayerNorm eps went from 1e-12 to 1e-5 on 2026-12-06), or
+    None. A resume takes the launch's config, so the run continues with the new values; unlike ``check_fields`` for
+    init_from this is said, not refused (the weights load either way and a deliberate change is legitimate)."""
+    saved = (saved_config or {}).get("model") or {}
+    differ = [(f, saved[f], getattr(model_cfg, f)) for f in FIELDS
+              if f in saved and hasattr(model_cfg, f) and saved[f] != getattr(model_cfg, f)]
+    if not differ:
+        return None
+    there = ", ".join(f"{f} {a!r} in the checkpoint's run, {b!r} now" for f, a, b in differ)
+    sets = " ".join(f"--set model.{f}={a}" for f, a, _ in differ)
+    return (f"warning: resume builds the model with other settings than the checkpoint's run ({there}): the run "
+            f"continues with the new ones; to keep the old, relaunch with {sets}")
+
+
 def as_electra_discriminator(model_keys, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``weights`` of one unprefixed model (no ``discriminator.``/``generator.`` keys, no MLM head) given the
     ``discriminator.`` prefix when the run's model is an ELECTRA pair (``model_keys`` hold ``discriminator.*``);

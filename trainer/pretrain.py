@@ -288,6 +288,10 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         why = resume_padding_error(checkpoint.read_state(resume_dir).get("config"), cfg.model, str(resume_dir))
         if why:
             raise ValueError(why)
+        from trainer.init_from import resume_field_changes
+        changed = resume_field_changes(checkpoint.read_state(resume_dir).get("config"), cfg.model)
+        if changed:
+            print0(changed)
     universal = resume_dir is not None and needs_universal(resume_dir, world_size, stage)
     if universal:
         saved = checkpoint.read_state(resume_dir)
