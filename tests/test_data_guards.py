@@ -413,3 +413,43 @@ def test_build_index_refuses_invalid_numbers(option, value, capsys):
 
     assert build_index.main(["--config", "tiny_bert", option, value]) == 2
     assert f"error: {option} {value}: must be" in capsys.readouterr().err
+
+
+def test_sop_pair_without_swaps_reads_one_sentence_documents_as_one_segment_rows(tmp_path):
+    """ELECTRA's recipes (sop-pair, nsp_negative_prob 0): its ExampleBuilder writes a row at every document end, a
+    one-sentence document included, as [CLS] A [SEP]. sop-pair never read them (0 of 200 one-sentence documents on a
+    corpus of short texts, diff review). ALBERT's SOP (swaps at 0.5) keeps pairs only."""
+    from types import SimpleNamespace
+
+    from trainer.data.config import DataConfig
+    from trainer.data.dataset import PretrainingDataset
+
+    rng = np.random.default_rng(3)
+    docs, next_id = [], 10
+    for d in range(240):
+        doc = []
+        for _ in range(1 if d % 2 else int(rng.integers(2, 6))):
+            n = int(rng.integers(1, 6))
+            doc.append(list(range(next_id, next_id + n)))
+            next_id += n
+        docs.append(doc)
+    prefix = write_shards(docs, tmp_path / "half_single", 4000, docs_per_shard=80)
+    tok = SimpleNamespace(pad_id=0, cls_id=2, sep_id=3, mask_id=4, vocab_size=4000, special_ids=[0, 1, 2, 3, 4])
+    singles = {tuple(doc[0]) for doc in docs if len(doc) == 1}
+    for negative, want_singles in ((0.0, len(singles)), (0.5, 0)):
+        cfg = DataConfig(corpora=[{"prefix": str(prefix)}], format="sop-pair", max_seq_length=128, short_seq_prob=0.0,
+                         nsp_negative_prob=negative, cache_dir=str(tmp_path / f"cache{negative}"), num_workers=0)
+        dataset = PretrainingDataset(cfg, tok, seed=1)
+        seen, single_rows = set(), 0
+        for sample_id in range(len(dataset)):
+            sample, _ = dataset.unmasked(0, 0, sample_id)
+            toks, types = sample["tokens"], sample["token_types"]
+            content = [int(t) for t in toks if t >= 10]
+            seen.update(content)
+            if tuple(content) in singles:
+                single_rows += 1
+                assert toks[0] == 2 and toks[-1] == 3 and (toks == 3).sum() == 1 and not types.any()
+                assert sample["sentence_label"] == 0
+        assert single_rows == want_singles
+        if negative == 0.0:
+            assert {t for doc in docs for s in doc for t in s} <= seen  # every token of every document read

@@ -82,6 +82,10 @@ class SampleBuilder:
             return self._row(*self._truncate(a, b, rng), negative)
         if self.fmt == "sentence-pair":
             pivot, end = start + 1, start + 2
+        elif end - start == 1:  # sop-pair without swaps (Layout.single_segment): [CLS] A [SEP], ELECTRA's doc end
+            a, _ = self._truncate(self.corpus.read(start, end), np.zeros(0, np.int32), rng)
+            tokens = np.concatenate([[self.cls], a, [self.sep]]).astype(np.int32)
+            return {"tokens": tokens, "token_types": np.zeros(len(tokens), np.int8), "sentence_label": 0}
         else:
             pivot = int(rng.integers(start + 1, end))  # A = [start, pivot), B = [pivot, end), both non-empty
         toks = self.corpus.read(start, end)

@@ -118,6 +118,9 @@ class Layout:
     """data.valid_split: the share of documents held out (heldout.py); 0 reads every document"""
     role: str = "train"
     """train: the documents kept for training; heldout: only the held-out ones (evaluation)"""
+    single_segment: bool = False
+    """sop-pair without swaps (data.nsp_negative_prob 0, ELECTRA's recipes): a chunk of one sentence (a one-sentence
+    document) is a row of one segment, as ELECTRA's ExampleBuilder writes a document's end, instead of unread"""
 
     @property
     def budget(self) -> int:
@@ -146,13 +149,19 @@ def nsp_share(fmt: str, nsp_prob: float) -> float:
     return float(nsp_prob) if fmt in NSP_FORMATS else 0.0
 
 
+def single_segment(fmt: str, nsp_prob: float) -> bool:
+    """Whether one-sentence chunks are rows of their own: sop-pair with no swaps (Layout.single_segment)."""
+    return fmt == "sop-pair" and float(nsp_prob) == 0.0
+
+
 def index_settings(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_prob: float, index_seed: int,
                    pack: bool, nsp_prob: float = 0.0, valid_split: float = 0.0, role: str = "train") -> dict:
     """Everything the index depends on (and nothing else: not the training seed); its hash keys the cache file."""
     return {"version": INDEX_VERSION, "code": code_hash(LAYOUT_SOURCES), "corpus": corpus.fingerprint(), "format": fmt,
             "max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "index_seed": index_seed,
             "pack": bool(pack and fmt == "doc-sentences"), "nsp_prob": nsp_share(fmt, nsp_prob),
-            "valid_split": float(valid_split), "role": role}
+            "valid_split": float(valid_split), "role": role,
+            **({"single_segment": True} if single_segment(fmt, nsp_prob) else {})}
 
 
 def index_path(corpus: IndexedCorpus, fmt: str, key: str, cache_dir, role: str = "train") -> Path:
@@ -176,7 +185,7 @@ def load_or_build(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_se
     if not isinstance(cache, CachePolicy):
         cache = CachePolicy(Path(cache))
     layout = Layout(fmt, max_seq_length, short_seq_prob, index_seed, pack, nsp_share(fmt, nsp_prob),
-                    float(valid_split), role)
+                    float(valid_split), role, single_segment(fmt, nsp_prob))
     _check(layout)
     settings = index_settings(corpus, fmt, max_seq_length, short_seq_prob, index_seed, pack, nsp_prob,
                               valid_split, role)
@@ -196,7 +205,7 @@ def build_index(corpus: IndexedCorpus, fmt: str, max_seq_length: int, short_seq_
     """The index in memory (tests, small corpora): the same blocks as ``write_index``, concatenated; ``compiled``
     forces the walk compiled or interpreted (default: by shard size, index_kernels.kernels)."""
     layout = Layout(fmt, max_seq_length, short_seq_prob, seed, pack, nsp_share(fmt, nsp_prob), float(valid_split),
-                    role)
+                    role, single_segment(fmt, nsp_prob))
     _check(layout)
     parts = [_shard_chunks((p, first, layout, block, compiled)) for p, first, _ in corpus.shards]
     chunks = np.concatenate([c for c, _ in parts]) if parts else np.zeros((0, 3), np.int64)
@@ -404,6 +413,8 @@ def _walk(task):
         raise ValueError(f"{prefix}.idx: the last document ends at sentence {int(docs[-1])}, the shard holds {n}")
     mode = {"full-sentences": K.FULL_SENTENCES, "sentence-pair": K.SENTENCE_PAIR}.get(layout.fmt, K.WITHIN_DOCUMENT)
     keep_min = 2 if layout.fmt in ("segment-pair", "sop-pair", "sentence-pair") else 1  # a pair needs 2 sentences
+    if layout.single_segment:
+        keep_min = 1  # one-sentence documents are one-segment rows (formats.py)
     seed_mix = np.uint64(mix64(layout.index_seed & M64))
     # (a shard has at most n chunks: buffers of one block or the shard, whichever is smaller)
     out, rows = np.empty((max(1, min(block, n)), 3), np.int64), np.empty(max(1, min(block, n)), np.int64)
