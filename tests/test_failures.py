@@ -65,3 +65,23 @@ def test_resuming_with_another_model_says_which_settings_differ(tmp_path):
     assert f"checkpoint {ckpt} holds another model than this launch builds (model.hidden_size: 32 there, 48 here)" \
         in proc.stderr, proc.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "failed"
+
+
+def test_another_model_names_the_objective_settings_that_differ(tmp_path):
+    """A recipe that gained a head between launches (ernie_base's NSP on 2026-12-06: objective.options.nsp) builds a
+    model the checkpoint lacks a part of; the message said "no model setting differs" and advised removing a --set
+    the user never gave (diff review). It names the objective's options that differ."""
+    import json
+
+    from trainer import checkpoint
+    from trainer.config import load_config
+    from trainer.failures import other_model_error
+
+    cfg = load_config("electra_small", world_size=1)
+    saved = json.loads(cfg.model_dump_json())
+    saved["objective"]["options"]["rtd_weight"] = 20.0
+    tag = tmp_path / "global_step2"
+    tag.mkdir()
+    (tag / checkpoint.STATE_FILE).write_text(json.dumps({"config": saved}))
+    err = other_model_error(tag, cfg, RuntimeError("Error(s) in loading state_dict for Model: missing heads.nsp"))
+    assert err is not None and "objective.options.rtd_weight: 20.0 there, 50.0 here" in err.one_line, err

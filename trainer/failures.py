@@ -133,11 +133,20 @@ def other_model_error(resume_dir: Path, cfg: RunConfig, err: BaseException) -> C
         e, seen = e.__cause__ or e.__context__, seen + 1
     if e is None or seen >= 10:
         return None
-    saved = ((checkpoint.read_state(resume_dir).get("config") or {}).get("model") or {})
-    now = cfg.model.model_dump(mode="json")
-    differ = [f"model.{k}: {saved[k]!r} there, {now[k]!r} here" for k in sorted(now)
-              if k in saved and saved[k] != now[k]]
-    said = "; ".join(differ[:4]) or "see the traceback: no model setting in its bertfamily.json differs"
+    saved_cfg = checkpoint.read_state(resume_dir).get("config") or {}
+    differ = []
+    # the model's settings, then the objective's (its heads: a recipe that gained a head, as ernie_base's NSP on
+    # 2026-12-06, builds a model the checkpoint lacks a part of; the message said "no model setting differs")
+    for section, now in (("model", cfg.model.model_dump(mode="json")),
+                         ("objective", cfg.objective.model_dump(mode="json"))):
+        saved = saved_cfg.get(section) or {}
+        for k in sorted(now):
+            if k in saved and saved[k] != now[k] and isinstance(now[k], dict) and isinstance(saved[k], dict):
+                differ += [f"{section}.{k}.{j}: {saved[k].get(j)!r} there, {now[k].get(j)!r} here"
+                           for j in sorted(set(now[k]) | set(saved[k])) if saved[k].get(j) != now[k].get(j)]
+            elif k in saved and saved[k] != now[k]:
+                differ.append(f"{section}.{k}: {saved[k]!r} there, {now[k]!r} here")
+    said = "; ".join(differ[:4]) or "see the traceback: no model or objective setting in its bertfamily.json differs"
     return CheckpointDamagedError(
         f"checkpoint {resume_dir} holds another model than this launch builds ({said}): resume with the settings it "
         "was saved with (remove the --set / config change), or start a new run (another run_dir) from its weights "
