@@ -136,14 +136,17 @@ def test_block_built_index_equals_the_one_shot_reference(ragged, tmp_path, fmt, 
     T, short, seed = 48, 0.3, 17
     chunks, sizes = reference_index(corpus, fmt, T, short, seed, pack)
     packed = fmt == "doc-sentences" and pack
+    # sop-pair as ALBERT's SOP (swaps, pairs only: the reference's layout); without swaps it is ELECTRA's, whose
+    # one-sentence documents are rows of their own (test_data_guards)
+    nsp = 0.5 if fmt == "sop-pair" else 0.0
     # blocks smaller than a chunk, unaligned with shards, and one block per shard; the walk interpreted and compiled
     for block, compiled in ((1, False), (7, False), (1 << 20, False), (1, True), (7, True), (1 << 20, True)):
-        got = build_index(corpus, fmt, T, short, seed, pack, block=block, compiled=compiled)
+        got = build_index(corpus, fmt, T, short, seed, pack, block=block, compiled=compiled, nsp_prob=nsp)
         assert np.array_equal(got.chunks, chunks), (fmt, block, compiled)
         if packed:
             assert np.array_equal(np.diff(got.row_ptr), sizes)
     # the file the trainer maps: built by 3 worker processes, equal to the in-memory build
-    mapped = load_or_build(corpus, fmt, T, short, seed, pack, CachePolicy(tmp_path, workers=3))
+    mapped = load_or_build(corpus, fmt, T, short, seed, pack, CachePolicy(tmp_path, workers=3), nsp_prob=nsp)
     assert np.array_equal(mapped.chunks, chunks) and is_mapped(mapped.chunks)
     assert (mapped.row_ptr is not None) == packed
     if packed:

@@ -128,10 +128,15 @@ def _freeze_node_task(cluster, job: int, node_id: str, timeout: float = JOB_TIME
     while time.monotonic() < deadline:
         found = cluster.processes(lambda cmd, env: env.get("SLURM_NODEID") == node_id
                                   and env.get("SLURM_STEP_ID") not in (None, "batch") and "torchrun" in cmd)
+        frozen = []
         for proc in found:
-            proc.send_signal(signal.SIGSTOP)
-        if found:
-            return found
+            try:
+                proc.send_signal(signal.SIGSTOP)
+                frozen.append(proc)
+            except psutil.NoSuchProcess:  # a subshell of the task's bash (a command substitution) that has ended
+                pass
+        if frozen:
+            return frozen
         state = cluster.job(job).get("JobState")
         assert state in ("PENDING", "RUNNING"), f"job {job} {state} before its node task started\n" \
             + cluster.job_output(job)
