@@ -129,7 +129,11 @@ def make_corpus(path: Path, size_mb: float) -> int:
 
     lines = [json.dumps({"text": "\n".join(d.lines)}, ensure_ascii=False) + "\n"
              for d in iter_documents(str(en_corpus()))]
-    block = "".join(lines).encode("utf-8")
+    return write_repeated(path, "".join(lines).encode("utf-8"), size_mb)
+
+
+def write_repeated(path: Path, block: bytes, size_mb: float) -> int:
+    """``block`` written to ``path`` again and again until ``size_mb``; returns the byte size."""
     with open(path, "wb") as fh:
         written = 0
         while written < size_mb * 2**20:

@@ -22,19 +22,13 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prep import ENV, REPO, en_corpus, make_corpus, measure  # noqa: E402
+from prep import ENV, REPO, en_corpus, make_corpus, measure, write_repeated  # noqa: E402
 
 
 def one_document(path: Path, size_mb: float) -> int:
     """A .txt holding one document of ``size_mb`` MB: the English corpus's lines without blank lines, repeated."""
     lines = [line for line in en_corpus().read_text(encoding="utf-8").splitlines() if line.strip()]
-    block = ("\n".join(lines) + "\n").encode("utf-8")
-    with open(path, "wb") as fh:
-        written = 0
-        while written < size_mb * 2**20:
-            fh.write(block)
-            written += len(block)
-    return path.stat().st_size
+    return write_repeated(path, ("\n".join(lines) + "\n").encode("utf-8"), size_mb)
 
 
 def build(corpus: Path, tok: Path, prefix: Path, workers: int) -> dict:
