@@ -168,6 +168,12 @@ def _source_weights(source: Path):
 FIELDS = ("hidden_act", "layer_norm_eps", "pad_token_id", "position_offset")
 
 
+def _field_differences(there: dict, model_cfg) -> list[tuple[str, object, object]]:
+    """(field, value there, value in ``model_cfg``) for each of ``FIELDS`` that ``there`` records and that differs."""
+    return [(f, there[f], getattr(model_cfg, f)) for f in FIELDS
+            if f in there and hasattr(model_cfg, f) and there[f] != getattr(model_cfg, f)]
+
+
 def check_fields(init_from, source_cfg, model_cfg) -> None:
     """Refuse a source whose activation, LayerNorm eps, pad id or position offset differ from the run's ``model.*``.
 
@@ -176,8 +182,7 @@ def check_fields(init_from, source_cfg, model_cfg) -> None:
     2026-12-06): the weights were trained for the source's values."""
     if model_cfg is None or source_cfg is None:
         return
-    differ = [(f, getattr(source_cfg, f), getattr(model_cfg, f)) for f in FIELDS
-              if hasattr(source_cfg, f) and hasattr(model_cfg, f) and getattr(source_cfg, f) != getattr(model_cfg, f)]
+    differ = _field_differences({f: getattr(source_cfg, f) for f in FIELDS if hasattr(source_cfg, f)}, model_cfg)
     if differ:
         there = ", ".join(f"{f} {a!r} there, {b!r} here" for f, a, b in differ)
         sets = " ".join(f"--set model.{f}={a}" for f, a, _ in differ)
@@ -190,9 +195,7 @@ def resume_field_changes(saved_config: dict | None, model_cfg) -> str | None:
     or preset changed by an upgrade: ``ernie2-base``'s LayerNorm eps went from 1e-12 to 1e-5 on 2026-12-06), or
     None. A resume takes the launch's config, so the run continues with the new values; unlike ``check_fields`` for
     init_from this is said, not refused (the weights load either way and a deliberate change is legitimate)."""
-    saved = (saved_config or {}).get("model") or {}
-    differ = [(f, saved[f], getattr(model_cfg, f)) for f in FIELDS
-              if f in saved and hasattr(model_cfg, f) and saved[f] != getattr(model_cfg, f)]
+    differ = _field_differences((saved_config or {}).get("model") or {}, model_cfg)
     if not differ:
         return None
     there = ", ".join(f"{f} {a!r} in the checkpoint's run, {b!r} now" for f, a, b in differ)

@@ -285,11 +285,12 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
     run_id = checkpoint.begin_lineage(root, resume_dir, rank, device, fence, explicit=args.resume != "auto")
     if resume_dir is not None:
         from trainer.models.vocab_padding import resume_padding_error
-        why = resume_padding_error(checkpoint.read_state(resume_dir).get("config"), cfg.model, str(resume_dir))
+        saved_config = checkpoint.read_state(resume_dir).get("config")
+        why = resume_padding_error(saved_config, cfg.model, str(resume_dir))
         if why:
             raise ValueError(why)
         from trainer.init_from import resume_field_changes
-        changed = resume_field_changes(checkpoint.read_state(resume_dir).get("config"), cfg.model)
+        changed = resume_field_changes(saved_config, cfg.model)
         if changed:
             print0(changed)
     universal = resume_dir is not None and needs_universal(resume_dir, world_size, stage)
