@@ -43,7 +43,11 @@ class Components:
     eval_batches: Callable[[], Iterable[dict]] | None = None
     """This rank's held-out micro-batches (the same ones at every evaluation)."""
     flops_per_token: float = 0.0
-    """Training FLOPs per token of ``model`` (``trainer.flops.train_flops_per_token``), for MFU; 0 = not logged."""
+    """Training FLOPs per real token of ``model`` (``trainer.flops.TrainFlops.per_token``), for MFU; 0 = not logged.
+    With ``attention_flops`` 0 it is the whole count per token (a full-row figure, e.g. the stand-in's 6 x params)."""
+    attention_flops: float = 0.0
+    """Training FLOPs per squared attended-segment length (``TrainFlops.per_square``): MFU counts attention for the
+    rows as computed (``attended_squares``), not at ``data.max_seq_length``."""
 
 
 @dataclass
@@ -58,6 +62,8 @@ class StepResult:
     """Rank 0's run lock was taken over by another launch (``RunLock.lost``): every rank stops at once."""
     heartbeat_dead: bool = False
     """Rank 0's lock heartbeat failed (``RunLock.trouble``): every rank stops before the lock looks stale."""
+    attended_squares: float = 0.0
+    """Sum over every rank's micro-batches of ``attended_squares`` (the attention part of MFU)."""
     grad_norm: torch.Tensor | None = None
     """The gradient norm before clipping, on the device, measured by the loop where DeepSpeed keeps none (ZeRO-0) and
     only on steps that log (``Trainer._grad_norm``); read on the host by ``_log`` only."""
@@ -103,6 +109,24 @@ def _to_device(batch: dict, device) -> dict:
     return {k: move(v) for k, v in attach_packing(batch).items()}
 
 
+def attended_squares(batch: dict) -> int:
+    """Sum of length^2 over the segments attention works on in ``batch`` (host metadata only: no device read).
+
+    What counts as useful work: each real token attending to the real tokens of its own segment. A packed row
+    (``pack_ids``) counts each packed sample's length^2 (attention is restricted per sample, varlen or block mask);
+    a padded row counts its real length^2: the padding positions a dense masked SDPA also computes are not counted,
+    as the token count leaves padding out. Read from the ``Packing`` the loader workers attached
+    (``Packing.attended_squares``). A batch without an attention mask has full rows: rows x seq_len^2. A batch whose
+    mask came without a host packing (already on the device) is counted at full rows too (reading it would sync): it
+    overstates attention as the count before the split did."""
+    packing = batch.get("packing")
+    if packing is not None:
+        return packing.attended_squares
+    ids = batch["input_ids"]
+    seqlen = ids.shape[-1]
+    return ids.numel() * seqlen
+
+
 @dataclass
 class Trainer:
     cfg: RunConfig
@@ -133,18 +157,23 @@ class Trainer:
 
     def train_step(self, batches: Iterator[dict], logs: bool = False) -> StepResult:
         """One optimizer step. ``logs``: this step's record will be logged (the gradient norm is measured for it)."""
+        from trainer.models.kernels import attach_packing
+
         start = time.perf_counter()
         device = self.engine.device
         # Sums stay on the device until the one all-reduce below: no host sync per micro-batch.
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         metric_sums: dict[str, torch.Tensor] = {}
         tokens = torch.zeros((), dtype=torch.float64, device=device)
+        squares = 0  # host int: from the loader's metadata (attended_squares), summed over ranks with the rest
         # DeepSpeed's ZeRO-0 engine keeps no gradient norm (get_global_grad_norm() is None): measure it here, on the
         # steps that log it only (a few small kernels; the value stays on the device until _log)
         measure = logs and self.engine.zero_stage == 0
         grad_norm = None
         for i in range(self.grad_accum):
-            batch = _to_device(next(batches), device)
+            host = attach_packing(next(batches))  # a no-op when the loader workers attached it (they do)
+            squares += attended_squares(host)
+            batch = _to_device(host, device)
             mask = batch.get("attention_mask")
             tokens += mask.sum() if mask is not None else batch["input_ids"].numel()
             loss, metrics = self.engine(self.comps.loss, batch)
@@ -161,8 +190,10 @@ class Trainer:
         lost = 0.0 if trouble is None else 1.0 if trouble == "lost" else 2.0  # 2: the heartbeat died
         # Made on the device and set only when raised: torch.tensor([...], device=cuda) would copy from pageable host
         # memory every step (a synchronous copy); a fill of a device tensor is a kernel launch.
-        flags = torch.zeros(3, dtype=torch.float64, device=device)
-        for i, value in enumerate((lost, float(self.engine.unhandled_nonfinite_step()), float(self.preempt.requested))):
+        # (The attended squares ride along: float64 holds them exactly, to 2^53.)
+        flags = torch.zeros(4, dtype=torch.float64, device=device)
+        for i, value in enumerate((float(squares), lost, float(self.engine.unhandled_nonfinite_step()),
+                                   float(self.preempt.requested))):
             if value:
                 flags[i] = value
         # One collective for everything the ranks must agree on (on the device: NCCL reduces only device tensors).
@@ -177,9 +208,9 @@ class Trainer:
         parts = {k: (values[1 + 2 * i], values[2 + 2 * i]) for i, k in enumerate(keys)}
         metrics = {k: s / c for k, (s, c) in parts.items() if c > 0}
         skipped = values[-2] > 0 or not math.isfinite(loss)
-        return StepResult(loss=loss, metrics=metrics, tokens=int(values[-4]), nonfinite=bool(skipped),
+        return StepResult(loss=loss, metrics=metrics, tokens=int(values[-5]), nonfinite=bool(skipped),
                           preempt=values[-1] > 0, seconds=time.perf_counter() - start, lost_folder=values[-3] == 1,
-                          heartbeat_dead=values[-3] >= 2, grad_norm=grad_norm)
+                          heartbeat_dead=values[-3] >= 2, grad_norm=grad_norm, attended_squares=values[-4])
 
     def _grad_norm(self) -> torch.Tensor | None:
         """L2 norm of the model's gradients (before clipping), as a device tensor: no host sync. At ZeRO-0 every
@@ -333,7 +364,7 @@ class Trainer:
         last_saved = state.step
         # a streak a preemption cut goes on counting: the guard's limit and may_save see the steps before the save too
         in_a_row = self.nonfinite_streak = state.nonfinite_in_a_row
-        window_tokens, window_time, window_steps = 0, 0.0, 0
+        window_tokens, window_squares, window_time, window_steps = 0, 0.0, 0.0, 0
         while state.step < cfg.train.steps:
             lr = self.engine.lr()
             step = state.step + 1
@@ -364,12 +395,13 @@ class Trainer:
             if result.nonfinite:
                 state.skipped_steps += 1
             window_tokens += result.tokens
+            window_squares += result.attended_squares
             window_time += result.seconds
             window_steps += 1
             self.metrics.advance(1, result.loss)
             if state.step % cfg.logging.every_steps == 0 or state.step == cfg.train.steps:
-                self._log(result, lr, window_tokens, window_time, window_steps)
-                window_tokens, window_time, window_steps = 0, 0.0, 0
+                self._log(result, lr, window_tokens, window_time, window_steps, window_squares)
+                window_tokens, window_squares, window_time, window_steps = 0, 0.0, 0.0, 0
             if result.nonfinite:
                 self._nonfinite(result, in_a_row)  # raises after K in a row
             if result.preempt:  # save first and only: evaluation would eat into the scheduler's grace (KillWait)
@@ -416,14 +448,17 @@ class Trainer:
             norm = float(result.grad_norm)  # computed before this step's all-reduce and .tolist(): no stall
         return norm
 
-    def _log(self, result: StepResult, lr: float, tokens: int, seconds: float, steps: int) -> None:
+    def _log(self, result: StepResult, lr: float, tokens: int, seconds: float, steps: int,
+             squares: float = 0.0) -> None:
         seconds = max(seconds, 1e-9)
         record = {"loss": result.loss, "lr": lr, "tokens_per_s": tokens / seconds,
                   "samples_per_s": steps * self.cfg.train.global_batch_size / seconds,
                   "grad_norm": self._logged_grad_norm(result), "loss_scale": self.engine.loss_scale(),
                   "consumed_samples": self.state.consumed_samples, "skipped": self.state.skipped_steps}
         if self.comps.flops_per_token and self.peak_flops:
-            record["mfu"] = self.comps.flops_per_token * tokens / seconds / (self.peak_flops * self.world_size)
+            # FLOPs of the rows as computed (trainer/flops.py): per real token + attention per attended segment^2
+            done = self.comps.flops_per_token * tokens + self.comps.attention_flops * squares
+            record["mfu"] = done / seconds / (self.peak_flops * self.world_size)
         record.update(result.metrics)
         self.metrics.log(self.state.step, record)
 

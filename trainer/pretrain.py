@@ -128,7 +128,7 @@ def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) ->
     from trainer.data.dataset import PretrainingDataset
     from trainer.data.loader import Collator, build_dataloader, build_pretraining_loader
     from trainer.loop import Components
-    from trainer.flops import train_flops_per_token
+    from trainer.flops import train_flops
     from trainer.objectives import get_objective
 
     objective = get_objective(cfg.objective)
@@ -172,9 +172,10 @@ def build_components(cfg: RunConfig, rank: int, world_size: int, device: str) ->
         return build_dataloader(valid, collator, 0, G, cfg.train.micro_batch_size, rank, world_size,
                                 per_eval, 0)
 
-    flops = train_flops_per_token(model, cfg.data.max_seq_length, cfg.data.masking.max_predictions_per_seq)
+    flops = train_flops(model, cfg.data.max_seq_length, cfg.data.masking.max_predictions_per_seq)
     return Components(model=model, loss=objective.loss, train_batches=train_batches,
-                      eval_batches=eval_batches if evaluates else None, flops_per_token=flops)
+                      eval_batches=eval_batches if evaluates else None, flops_per_token=flops.per_token,
+                      attention_flops=flops.per_square)
 
 
 def eval_repeat_note(cfg: RunConfig, held_out: int) -> str:

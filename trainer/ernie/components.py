@@ -16,7 +16,7 @@ from trainer.ernie.dlm import dlm_dialogues
 from trainer.ernie.tasks import PairTaskFile
 from trainer.log import print0
 from trainer.loop import Components
-from trainer.flops import train_flops_per_token
+from trainer.flops import train_flops
 
 
 def build_dataset(cfg, tokenizer, objective, split: str = "train", global_batch: int | None = None):
@@ -112,7 +112,6 @@ def ernie_components(cfg, rank: int, world_size: int, device: str, objective) ->
         def eval_batches():
             return build_dataloader(valid, collate, 0, G, micro, rank, world_size, per_eval, 0)
 
-    flops = train_flops_per_token(model, cfg.data.max_seq_length,
-                                  objective.options.knowledge_masking.max_predictions_per_seq)
+    flops = train_flops(model, cfg.data.max_seq_length, objective.options.knowledge_masking.max_predictions_per_seq)
     return Components(model=model, loss=objective.loss, train_batches=train_batches, eval_batches=eval_batches,
-                      flops_per_token=flops)
+                      flops_per_token=flops.per_token, attention_flops=flops.per_square)

@@ -43,6 +43,10 @@ class Packing:
     mask: torch.Tensor
     """[B, T] bool, True = real token."""
     pack_ids: torch.Tensor | None = None
+    attended_squares: int = 0
+    """Sum over the sequences of cu_seqlens of length^2 (Python int): the attention work the batch's real tokens ask
+    for, whatever kernel computes it (trainer/flops.py's per_square part of MFU). Read in the same .tolist() as
+    max/min_seqlen, in the loader workers: the loop gets it without a host read of its own."""
     _key_mask: torch.Tensor | None = field(default=None, repr=False)
 
     @property
@@ -106,9 +110,11 @@ def pack(attention_mask: torch.Tensor, pack_ids: torch.Tensor | None = None) -> 
     bounds = torch.nonzero(starts, as_tuple=False).flatten()
     cu_seqlens = torch.cat([bounds, bounds.new_tensor([indices.numel()])]).to(torch.int32)
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    longest, shortest = (torch.stack([lengths.max(), lengths.min()]).tolist() if lengths.numel() else (0, 0))
+    wide = lengths.long()
+    longest, shortest, squares = (torch.stack([wide.max(), wide.min(), (wide * wide).sum()]).tolist()
+                                  if lengths.numel() else (0, 0, 0))
     return Packing(indices=indices, cu_seqlens=cu_seqlens, max_seqlen=int(longest), min_seqlen=int(shortest),
-                   batch=batch, seqlen=seqlen, mask=mask, pack_ids=pack_ids)
+                   batch=batch, seqlen=seqlen, mask=mask, pack_ids=pack_ids, attended_squares=int(squares))
 
 
 def attach_packing(batch: dict) -> dict:
