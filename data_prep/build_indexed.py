@@ -8,9 +8,10 @@ line without --split-sentences, ``end_document`` per document) and ``OUT/corpus.
 
 How the work is cut, so that the output depends only on the inputs and the settings:
 - The unit of work is a *piece*: an uncompressed input is cut into ~--chunk-size-mb byte ranges at document
-  boundaries (sources.piece_bounds), a compressed input is one piece. Pieces are numbered in input order. Without
-  --chunk-size-mb the size follows from the total input size (prep_work.auto_chunk_bytes: ~64 pieces of 4-256 MB),
-  never from the worker count, so the same inputs give the same pieces on any machine.
+  boundaries (sources.piece_bounds), a compressed input is one piece, consecutive inputs smaller than a piece are
+  grouped into one (prep_work.plan_pieces: shards follow the bytes, not the file count). Pieces are numbered in
+  input order. Without --chunk-size-mb the size follows from the total input size (prep_work.auto_chunk_bytes: ~64
+  pieces of 4-256 MB), never from the worker count, so the same inputs give the same pieces on any machine.
 - Piece i becomes shards ``work/piece_{i}-{k}`` in the work folder ``PREFIX.work/``, a new shard starting whenever
   one would pass --shard-size-mb of tokens or --shard-sequences sequences (megatron's .idx finalize holds every
   sequence length of a shard in Python lists, ~70 bytes each, so shards, not the corpus, bound memory). When its
@@ -58,7 +59,6 @@ import warnings
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict
 from itertools import chain
 from pathlib import Path
 
@@ -66,9 +66,9 @@ import numpy as np
 
 from data_prep import manifest as mf
 from data_prep import bad_input, build_indexed_args, prep_lock, sources
-from data_prep.prep_work import (Piece, Settings, World, auto_chunk_bytes, finalize, finished_pieces, plan_identity,
-                                 plan_pieces, prepare_workdir, record_name, same_unfinished_run, up_to_date,
-                                 write_json_atomic)
+from data_prep.prep_work import (Piece, Settings, World, auto_chunk_bytes, finalize, finished_pieces, piece_bytes,
+                                 piece_documents, plan_identity, plan_pieces, prepare_workdir, record_name,
+                                 same_unfinished_run, up_to_date, write_json_atomic)
 from data_prep.sentences import split_sentences
 
 BATCH_TEXTS = 4096  # texts per encode_batch call: large enough that Rust does the work, small enough for memory
@@ -91,6 +91,7 @@ class _ShardWriter:
         self.workdir, self.piece, self.settings = workdir, piece, settings
         self.dtype = np.dtype(settings.dtype)
         self.shards: list[dict] = []
+        self.documents_by_input: Counter = Counter()  # a group of inputs: its record says which made what
         self._builder = None
 
     def add_document(self, tokens: np.ndarray, lengths: list[int]) -> None:
@@ -162,13 +163,13 @@ class _Worker:
         skipped: Counter = Counter()
         writer = _ShardWriter(self.workdir, piece.index, s)
         dtype = np.dtype(s.dtype)
-        docs = sources.iter_documents(piece.path, s.json_key, skipped, start=piece.start, end=piece.end,
-                                      on_skip=self.on_skip, max_line_bytes=s.max_line_bytes,
-                                      max_document_bytes=s.max_document_bytes)
+        skipped_by_input: list[Counter] = []
+        docs = piece_documents(piece, skipped, skipped_by_input, json_key=s.json_key, on_skip=self.on_skip,
+                               max_line_bytes=s.max_line_bytes, max_document_bytes=s.max_document_bytes)
         # Progress in input bytes: uncompressed pieces report as they go (document offsets are file offsets);
         # compressed files and pydocs report their size when the piece ends.
         batch, texts, nbytes, mark = [], 0, 0, piece.start
-        by_offset = sources.is_splittable(piece.path) and piece.path != sources.PYDOCS
+        by_offset = sources.is_splittable(piece.path) and piece.path != sources.PYDOCS and not piece.more
         for doc in chain(docs, [None]):
             if doc is not None:
                 batch.append(doc)
@@ -183,8 +184,11 @@ class _Worker:
                 mark += advance
             batch, texts, nbytes = [], 0, 0
         shards = writer.close()
-        self._progress(sources.piece_size(piece.path, piece.start, piece.end) - (mark - piece.start), 0)
-        record = {"piece": asdict(piece), "shards": shards, "skipped": dict(sorted(skipped.items()))}
+        self._progress(piece_bytes(piece) - (mark - piece.start), 0)
+        record = {"piece": piece.as_record(), "shards": shards, "skipped": dict(sorted(skipped.items()))}
+        if piece.more:  # per input, in order: the manifest's input_documents, and bad input by file
+            record["input_documents"] = [writer.documents_by_input[p] for p in piece.paths]
+            record["input_skipped"] = [dict(sorted(c.items())) for c in skipped_by_input]
         write_json_atomic(self.workdir / record_name(piece.index), record)
         self.finished += 1
         if os.environ.get(KILL_HOOK) and self.finished >= int(os.environ[KILL_HOOK]):
@@ -212,6 +216,7 @@ class _Worker:
                 skipped["empty_document"] += 1
                 continue
             writer.add_document(flat[pos: pos + total], lens)
+            writer.documents_by_input[doc.source] += 1
             pos += total
 
 
@@ -428,7 +433,7 @@ def main(argv=None) -> int:
             _import_builder()  # before the pool forks (each worker would spend seconds importing it) and the bar starts
             status, todo_bytes = "ok", 0
             try:
-                todo_bytes = sum(sources.piece_size(p.path, p.start, p.end) for p in todo)
+                todo_bytes = sum(piece_bytes(p) for p in todo)
                 _run_pieces(todo, args, settings, workdir, world, todo_bytes)
             except (sources.InputError, WorkerDied) as err:
                 status = f"rank {world.rank}: {err}"

@@ -10,7 +10,8 @@ corpus is up to date), not a time of the run. Shape (DESIGN.md "Shards and manif
     {"format": "bertfamily-indexed", "version": 1, "tool_version": "0.1.0",
      "tokenizer": {"path", "fingerprint", "kind", "vocab_size"}, "dtype": "uint16",
      "shards": [{"prefix": "pydocs_00000", "documents", "sentences", "tokens", "bin_bytes", "bin_sha256",
-                 "idx_sha256", "input", "input_range": [start, end or null]}],
+                 "idx_sha256", "input", "input_range": [start, end or null], "input_documents" (grouped
+                 small inputs only: documents per input from "input" on)}],
      "totals": {"shards", "documents", "sentences", "tokens", "bin_bytes", "input_bytes"},
      "inputs": [{"path", "bytes", "mtime_ns"}], "skipped": {"reason": count}, "settings": {...}}
 
@@ -69,9 +70,14 @@ class ShardInfo(_Strict):
     bin_sha256: str
     idx_sha256: str
     input: str
-    """The input this shard was made from."""
+    """The input this shard was made from (with ``input_documents``: the first of them)."""
     input_range: tuple[int, int | None]
     """The piece of that input: byte range (module-index range for builtin:pydocs); end None = to the end."""
+    input_documents: list[int] | None = None
+    """A shard of small inputs grouped into one piece: its documents per input, in order, from ``input`` on through
+    the next inputs of the manifest's ``inputs`` (each read whole; 0: an input with no document, or none in this
+    shard), so document d of the shard comes from the input whose running count first passes d. Absent: the shard
+    holds documents of ``input`` alone (every shard of a manifest written before grouping)."""
     sidecar: SidecarInfo | None = None
     """The shard's ERNIE side-car as annotated (absent: none recorded; the trainer then reads the headers)."""
 
@@ -143,9 +149,10 @@ def dumps(manifest: dict) -> str:
     for item in data["inputs"]:  # no mtime recorded (builtin:pydocs, older manifests): the key stays out
         if item.get("mtime_ns") is None:
             item.pop("mtime_ns", None)
-    for shard in data["shards"]:  # an unannotated corpus's manifest stays as it was
-        if shard.get("sidecar") is None:
-            shard.pop("sidecar", None)
+    for shard in data["shards"]:  # an unannotated corpus's manifest stays as it was, and one of large inputs
+        for key in ("sidecar", "input_documents"):
+            if shard.get(key) is None:
+                shard.pop(key, None)
     return json.dumps(data, indent=1, ensure_ascii=False) + "\n"
 
 

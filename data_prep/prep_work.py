@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +42,23 @@ class Piece:
     path: str
     start: int
     end: int | None
+    more: tuple[str, ...] = ()
+    """A group of small inputs (``plan_pieces``): the inputs read whole after ``path`` (which is then read whole)."""
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.path, *self.more)
+
+    def as_record(self) -> dict:
+        """The piece as its work record stores it; "more" only for a group, so a record written before grouping
+        existed (same plan: no group) still matches and a restart reuses it."""
+        rec = {"index": self.index, "path": self.path, "start": self.start, "end": self.end}
+        return {**rec, "more": list(self.more)} if self.more else rec
+
+    def describe(self) -> str:
+        if self.more:
+            return f"{self.path} and {len(self.more)} more input(s)"
+        return f"{self.path} from {'module' if self.path == sources.PYDOCS else 'byte'} {self.start}"
 
 
 @dataclass(frozen=True)
@@ -84,12 +102,60 @@ def auto_chunk_bytes(total_bytes: int) -> int:
     return int(min(AUTO_MAX_BYTES, max(AUTO_MIN_BYTES, -(-total_bytes // AUTO_PIECES))))
 
 
-def plan_pieces(inputs: list[str], settings: Settings) -> list[Piece]:
+def plan_pieces(inputs: list[str], settings: Settings, group: bool = True) -> list[Piece]:
+    """The pieces of the run, in input order. An input of at least ``chunk_bytes`` (or builtin:pydocs) is cut by
+    ``sources.piece_bounds``; consecutive smaller ones are grouped into one piece of up to ``chunk_bytes`` (their
+    sizes on disk), read whole one after the other, so that 10,000 news articles make a few pieces and shards, not
+    10,000 (each piece is a pool task, a record and at least one .bin/.idx pair the trainer opens and maps). A
+    function of the input list, their sizes and the settings only. A group of one is an ordinary piece, so corpora
+    of large files plan exactly as before grouping existed. ``group=False``: one piece per small input (tests)."""
     pieces: list[Piece] = []
+    group: list[str] | None = [] if group else None
+    acc = 0
+
+    def close() -> None:
+        nonlocal acc
+        if group:
+            pieces.append(Piece(len(pieces), group[0], 0, None, tuple(group[1:])))
+            group.clear()
+        acc = 0
+
     for path in inputs:
+        size = sources.input_bytes(path) if path != sources.PYDOCS else None
+        if group is not None and size is not None and size < settings.chunk_bytes:
+            if acc + size > settings.chunk_bytes:
+                close()
+            group.append(path)
+            acc += size
+            continue
+        close()
         for start, end in sources.piece_bounds(path, settings.chunk_bytes, settings.max_line_bytes):
             pieces.append(Piece(len(pieces), path, start, end))
+    close()
     return pieces
+
+
+def piece_bytes(piece: Piece) -> int:
+    """Input bytes of a piece (progress, and what a run has to do)."""
+    if piece.more:
+        return sum(sources.input_bytes(p) for p in piece.paths)
+    return sources.piece_size(piece.path, piece.start, piece.end)
+
+
+def piece_documents(piece: Piece, skipped: Counter, per_input: list[Counter] | None = None, **read):
+    """The documents of a piece in order: its byte range, or each input of a group read whole, in turn (as
+    separate pieces would read them: a document never spans two inputs, bad input is checked and reported per
+    file with its line numbers). ``per_input`` (a group): receives each input's skip counts too, so a record can
+    say which file lost what. ``read``: sources.iter_documents' keyword arguments."""
+    if not piece.more:
+        yield from sources.iter_documents(piece.path, skipped=skipped, start=piece.start, end=piece.end, **read)
+        return
+    for path in piece.paths:
+        mine: Counter = Counter()
+        yield from sources.iter_documents(path, skipped=mine, **read)
+        skipped.update(mine)
+        if per_input is not None:
+            per_input.append(mine)
 
 
 def plan_identity(inputs, settings, tokenizer, pieces) -> dict:
@@ -105,7 +171,9 @@ def plan_identity(inputs, settings, tokenizer, pieces) -> dict:
         return {"path": path, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
 
     return {"settings": asdict(settings), "tokenizer_fingerprint": tokenizer.fingerprint,
-            "inputs": [stat(p) for p in inputs], "pieces": [[p.path, p.start, p.end] for p in pieces],
+            # a group is [first input, 0, None, inputs in the group]: the inputs' order pins down which they are
+            "inputs": [stat(p) for p in inputs], "pieces": [[p.path, p.start, p.end, *([len(p.paths)] if p.more
+                                                                                       else [])] for p in pieces],
             "tool_version": __version__}
 
 
@@ -115,8 +183,19 @@ def prepare_workdir(workdir: Path, identity: dict, overwrite: bool, world: World
         old = json.loads(plan_file.read_text(encoding="utf-8"))
         if old != json.loads(json.dumps(identity)):
             diff = sorted(k for k in identity if old.get(k) != json.loads(json.dumps(identity[k])))
-            raise SystemExit(f"error: {workdir} holds an unfinished run with other {', '.join(diff)}; rerun that "
-                             f"command to finish it, or add --overwrite to discard it")
+            if diff == ["pieces"] and set(old) == set(identity):
+                # Same inputs, settings, tokenizer and tool version, other pieces: planned by a build_indexed from
+                # before small inputs were grouped (one piece per input). Its records describe other pieces, so
+                # none can be reused; restarting is what finishing it would take anyway. Said, never silent.
+                if world.rank == 0:
+                    print(f"note: {workdir} holds an unfinished run of this same command, planned by an older "
+                          f"build_indexed into {len(old.get('pieces') or [])} pieces (this version groups small "
+                          f"inputs: {len(pieces)} pieces); its finished pieces cannot be reused: restarting the run "
+                          f"from the start", file=sys.stderr, flush=True)
+                overwrite = True
+            else:
+                raise SystemExit(f"error: {workdir} holds an unfinished run with other {', '.join(diff)}; rerun "
+                                 f"that command to finish it, or add --overwrite to discard it")
     workdir.mkdir(parents=True, exist_ok=True)
     if overwrite:  # each rank clears its own pieces' records; rank 0 also those beyond the new plan
         for p in pieces:
@@ -160,7 +239,7 @@ def finished_pieces(workdir: Path, prefix: str, pieces: list[Piece], mine: list[
     done = set()
     for p in mine:
         rec = records.get(p.index)
-        if rec is not None and rec["piece"] == asdict(p) and all(
+        if rec is not None and rec["piece"] == p.as_record() and all(
             _shard_intact(workdir, s, finals.get(s["work_name"])) for s in rec["shards"]
         ):
             done.add(p.index)
@@ -179,7 +258,7 @@ def finalize(prefix: str, workdir: Path, pieces: list[Piece], inputs: list[dict]
     for p in pieces:
         rec = workdir / record_name(p.index)
         if not rec.exists():
-            raise SystemExit(f"error: piece {p.index} ({p.path} from byte {p.start}) has no record in {workdir}; "
+            raise SystemExit(f"error: piece {p.index} ({p.describe()}) has no record in {workdir}; "
                              f"a rank failed: rerun the same command to finish")
         records.append(json.loads(rec.read_text(encoding="utf-8")))
     finals = _final_locations(prefix, records)
@@ -197,6 +276,7 @@ def finalize(prefix: str, workdir: Path, pieces: list[Piece], inputs: list[dict]
     mf.manifest_path(prefix).unlink(missing_ok=True)
     for rec in records:
         skipped.update(rec["skipped"])
+        from_inputs = _group_shard_inputs(rec)
         for s in rec["shards"]:
             final = finals[s["work_name"]]
             for ext in (".bin", ".idx"):
@@ -207,8 +287,11 @@ def finalize(prefix: str, workdir: Path, pieces: list[Piece], inputs: list[dict]
                     raise SystemExit(f"error: {work} vanished before it was renamed to {final + ext}; rerun with "
                                      f"--overwrite")
             piece = rec["piece"]
-            shards.append({"prefix": os.path.relpath(final, root), "input": piece["path"],
-                           "input_range": [piece["start"], piece["end"]],
+            where = {"input": piece["path"], "input_range": [piece["start"], piece["end"]]}
+            if from_inputs:  # a group: whole inputs, from the first this shard holds documents of
+                first, counts = from_inputs.pop(0)
+                where = {"input": first, "input_range": [0, None], "input_documents": counts}
+            shards.append({"prefix": os.path.relpath(final, root), **where,
                            **{k: s[k] for k in ("documents", "sentences", "tokens", "bin_bytes", "bin_sha256",
                                                 "idx_sha256")}})
     # Shards numbered past the end from an earlier, larger run of this prefix are ours and stale, and so are their
@@ -232,6 +315,31 @@ def finalize(prefix: str, workdir: Path, pieces: list[Piece], inputs: list[dict]
     mf.write_manifest(prefix, manifest)
     shutil.rmtree(workdir, ignore_errors=True)
     return mf.read_manifest(prefix)
+
+
+def _group_shard_inputs(record: dict) -> list[tuple[str, list[int]]]:
+    """For the record of a group of inputs: per shard, (its first input, documents it holds from that input and each
+    next one in order), from the record's documents per input (``input_documents``) and the shards' document counts:
+    a piece writes its inputs' documents in order and a shard takes the next ones, so the split is exact even where
+    an input's documents continue in the piece's next shard. An input without documents (all skipped) is counted 0
+    in the shard its neighbours' documents went to. Empty for an ordinary piece."""
+    piece = record["piece"]
+    if not piece.get("more"):
+        return []
+    paths, left = [piece["path"], *piece["more"]], list(record["input_documents"])
+    out, i = [], 0
+    for n, shard in enumerate(record["shards"]):
+        last = n == len(record["shards"]) - 1
+        need, first, counts = shard["documents"], paths[i], []
+        while i < len(paths) and (need or last or left[i] == 0):
+            take = min(need, left[i])
+            counts.append(take)
+            need, left[i] = need - take, left[i] - take
+            if left[i]:
+                break  # this input's documents go on in the next shard
+            i += 1
+        out.append((first, counts))
+    return out
 
 
 def up_to_date(prefix: str, identity: dict, tokenizer) -> bool:
