@@ -157,6 +157,45 @@ def test_a_run_past_the_epochs_a_sample_key_numbers_is_refused_when_the_loader_i
         build_dataloader(dataset, collator, 0, n, n, 0, 1, total_samples=(MAX_EPOCHS + 1) * n, num_workers=0)
 
 
+def test_the_loader_says_how_many_times_the_run_reads_each_corpus_and_warns_on_a_tiny_one(tmp_path, capsys):
+    """At start rank 0 says each training corpus's samples per epoch and how many times train.steps x the global
+    batch reads it, counted on the blend's own pattern, with a warning past 200 epochs: a production launch on a
+    wrong data.corpora (a 19-token debug corpus) trained 3 steps, or days, with nothing in the log to show it (found
+    by review). A held-out loader says nothing; nor does rank 1."""
+    from types import SimpleNamespace
+
+    from trainer.data.config import DataConfig
+    from trainer.data.dataset import PretrainingDataset
+    from trainer.data.loader import Collator, build_dataloader
+
+    big = write_shards([[[5 + d % 50, 6, 7, 8], [9, 10, 11]] for d in range(300)], tmp_path / "big", 100)
+    small = write_shards([[[5, 6, 7], [8, 9]] for _ in range(6)], tmp_path / "small", 100)
+    tok = SimpleNamespace(pad_id=0, cls_id=1, sep_id=2, mask_id=3, vocab_size=100, special_ids=[0, 1, 2, 3])
+    collator = Collator(0, 16, 20)
+    cfg = DataConfig(corpora=[{"prefix": str(big), "weight": 3}, {"prefix": str(small), "weight": 1}],
+                     format="doc-sentences", max_seq_length=16, cache_dir=str(tmp_path / "cache"), num_workers=0,
+                     blend_period=1000, valid_corpora=[{"prefix": str(small)}])
+    dataset = PretrainingDataset(cfg, tok, seed=1)
+    sizes = [len(b.index) for b in dataset.builders]
+    total = 5500  # five whole blend periods and half of a sixth
+    counts = np.bincount([dataset.blend(g)[0] for g in range(total)], minlength=2)  # the positions themselves
+    build_dataloader(dataset, collator, 0, 10, 10, 0, 1, total_samples=total, num_workers=0)
+    out = capsys.readouterr().out.splitlines()
+    want = [counts[c] / sizes[c] for c in (0, 1)]
+    assert want[0] < 200 < want[1], want
+    assert out[0] == (f"data: {big}: {sizes[0]:,} samples per epoch (doc-sentences, rows of up to 16 tokens, blend "
+                      f"weight 0.75); 5,500 samples in all (train.steps x train.global_batch_size) read it "
+                      f"{want[0]:,.2f} times"), out
+    assert out[1].startswith(f"data: {small}: {sizes[1]:,} samples per epoch") and f"read it {want[1]:,.2f} times" \
+        in out[1], out
+    assert out[2].startswith(f"warning: {small} is read {want[1]:,.0f} times, more than 200"), out
+    assert len(out) == 3, out
+    build_dataloader(dataset, collator, 0, 10, 5, 1, 2, total_samples=total, num_workers=0)  # rank 1
+    valid = PretrainingDataset(cfg, tok, seed=1, split="valid")
+    build_dataloader(valid, collator, 0, 10, 10, 0, 1, total_samples=total, num_workers=0)  # an evaluation's
+    assert capsys.readouterr().out == ""
+
+
 @pytest.mark.parametrize("fmt", ["segment-pair", "sentence-pair"])
 def test_nsp_negatives_put_their_unused_sentences_back_so_an_epoch_reads_every_token(tmp_path, fmt):
     """One epoch of NSP samples (every sample id once) holds every token of every document, in A or in a

@@ -90,6 +90,7 @@ def check_same_tokenizer(cfg: DataConfig) -> None:
                 f"data_prep.build_indexed --tokenizer DIR ...), or leave the other one out")
 
 
+MANY_EPOCHS = 200  # reading_note warns above this: the papers' recipes read their corpora ~40-80 times
 MAX_EPOCHS = 1 << 24  # epochs a sample key can number (sample_key)
 
 
@@ -114,7 +115,7 @@ class PretrainingDataset:
         if not specs:
             raise ValueError(f"data.{'corpora' if split == 'train' else 'valid_corpora'} is empty (or set "
                              "data.valid_split to hold out part of data.corpora)")
-        self.cfg, self.seed = cfg, int(seed)
+        self.cfg, self.seed, self.split = cfg, int(seed), split
         self.pad_id = int(tokenizer.pad_id)
         vocab = int(tokenizer.vocab_size)
         for spec in specs:  # checked before anything is built
@@ -156,6 +157,32 @@ class PretrainingDataset:
                     f"train.steps x train.global_batch_size = {int(total_samples):,} samples would read "
                     f"{self.corpora[c].prefix} ({len(builder.index):,} samples) {epochs:,} times, more than the {MAX_EPOCHS:,} epochs a "
                     "sample key numbers; lower train.steps or use a larger corpus")
+
+    def epochs_read(self, total_samples: int) -> list[float]:
+        """How many times positions ``[0, total_samples)`` of the stream read each corpus (its samples per epoch)."""
+        if len(self.builders) == 1:
+            return [int(total_samples) / len(self.builders[0].index)]
+        reps, rest = divmod(int(total_samples), self.blend.period)
+        # whole blend periods, then the slots of the last one (exact: the pattern is known)
+        return [(reps * int(self.blend.per_period[c]) + int(np.count_nonzero(self.blend.corpus[:rest] == c)))
+                / len(b.index) for c, b in enumerate(self.builders)]
+
+    def reading_note(self, total_samples: int) -> list[str]:
+        """What the run's ``total_samples`` (train.steps x the global batch) read of each training corpus, said at start:
+        a wrong data.corpora (a sample or debug corpus on a production launch) otherwise trained for days with nothing
+        in the log to show it (found by review). A warning when a corpus is read more than ``MANY_EPOCHS`` times."""
+        lines, epochs = [], self.epochs_read(total_samples)
+        for c, (builder, n) in enumerate(zip(self.builders, epochs)):
+            share = f", blend weight {self.blend.weights[c]:.3g}" if len(self.builders) > 1 else ""
+            lines.append(f"data: {self.corpora[c].prefix}: {len(builder.index):,} samples per epoch "
+                         f"({self.cfg.format}, rows of up to {self.cfg.max_seq_length} tokens{share}); "
+                         f"{int(total_samples):,} samples in all (train.steps x train.global_batch_size) read it "
+                         f"{n:,.2f} times")
+            if n > MANY_EPOCHS:
+                lines.append(f"warning: {self.corpora[c].prefix} is read {n:,.0f} times, more than {MANY_EPOCHS}: is "
+                             "data.corpora the production corpus (not a sample or debug build)? RoBERTa read its "
+                             "160 GB ~40 times, BERT its 16 GB ~40 times")
+        return lines
 
     def locate(self, position: int) -> tuple[int, int, int]:
         """(corpus, epoch, sample id) read at a global stream position."""

@@ -81,6 +81,9 @@ def build_dataloader(dataset, collator: Collator, consumed_samples: int, global_
     sampler = PretrainingBatchSampler(consumed_samples, global_batch, micro_batch, rank, world_size, total_samples)
     if total_samples is not None and hasattr(dataset, "check_stream"):
         dataset.check_stream(total_samples)  # before any step, not in a worker at the first batch past the limit
+        if rank == 0 and getattr(dataset, "split", None) == "train":
+            for line in dataset.reading_note(total_samples):
+                print(line, flush=True)
     kwargs = {}
     if num_workers > 0:
         kwargs = {"prefetch_factor": prefetch_factor, "persistent_workers": True}
