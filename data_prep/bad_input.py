@@ -62,7 +62,11 @@ def check(workdir: Path, pieces, extra_skipped: Counter, max_share: float) -> st
         sequences += sum(s.get("sentences", s["documents"]) for s in rec["shards"])
         mine = Counter({k: v for k, v in rec["skipped"].items() if k in BAD_REASONS})
         bad.update(mine)
-        by_input.setdefault(p.path, Counter()).update(mine)
+        if "input_skipped" in rec:  # a group of small inputs (prep_work.plan_pieces): its record counts per file
+            for path, counts in zip(p.paths, rec["input_skipped"]):
+                by_input.setdefault(path, Counter()).update({k: v for k, v in counts.items() if k in BAD_REASONS})
+        else:
+            by_input.setdefault(p.path, Counter()).update(mine)
     n_bad = sum(bad.values())
     n_lines = sum(v for k, v in bad.items() if k in LINE_REASONS)
     n_records = n_bad - n_lines
