@@ -13,12 +13,15 @@ Usage::
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trainer.config_checks import (downstream_problem, ignored_setting_problem, path_notes, path_problem,
+                                   schedule_notes, schedule_problem)
 from trainer.config_error import ConfigError  # noqa: F401 (defined apart, re-exported here: see that module)
 from trainer.config_sets import apply_override  # (also re-exported: trainer.config.apply_override)
 from trainer.data.config import DataConfig
@@ -278,17 +281,20 @@ def load_config(path_or_name: str, overrides: list[str] | tuple[str, ...] = (),
     """Read, merge, override and validate a run config; ``world_size`` also checks the batch arithmetic."""
     path = resolve_recipe(path_or_name)
     raw = _read_yaml(path)
+    # a shipped recipe's own values, before the overrides: its placeholder paths pass (config_checks.path_problem)
+    shipped = copy.deepcopy(raw) if path.parent == RECIPES_DIR else None
     for override in overrides:
         apply_override(raw, override)
     raw.setdefault("recipe", path.stem)
-    return config_from_dict(raw, source=str(path), world_size=world_size)
+    return config_from_dict(raw, source=str(path), world_size=world_size, recipe_raw=shipped)
 
 
-def config_from_dict(raw: dict, source: str = "config", world_size: int | None = None) -> RunConfig:
+def config_from_dict(raw: dict, source: str = "config", world_size: int | None = None,
+                     recipe_raw: dict | None = None) -> RunConfig:
     raw = dict(raw)
     _resolve_from_data(raw)
     # before the preset fills in every model field: only what the config itself sets can disagree
-    problem = unused_setting_problem(raw)
+    problem = unused_setting_problem(raw) or ignored_setting_problem(raw)
     if problem:  # accepted and echoed by --check, and without effect: a run trained with other values than it said
         raise ConfigError(f"{source}: {problem}")
     _resolve_model_preset(raw)
@@ -323,6 +329,13 @@ def config_from_dict(raw: dict, source: str = "config", world_size: int | None =
         raise ConfigError(f"{source}: {problem}")
     problem = continual_plan_problem(cfg)
     if problem:  # ERNIE 2.0: found after launch (a traceback at the first batch) without this
+        raise ConfigError(f"{source}: {problem}")
+    # trainer/config_checks.py: a decay ending at lr 0 before train.steps (else trained at lr 0, unsaid), the
+    # fine-tunings eval.downstream starts (else each fails at its checkpoint, hours in) and the paths read at start
+    # (else a traceback after the model is built): a few stat calls and, with downstream entries, a YAML read each
+    problem = schedule_problem(cfg) or (downstream_problem(cfg) if cfg.eval.downstream else "") or \
+        path_problem(cfg, recipe_raw)
+    if problem:
         raise ConfigError(f"{source}: {problem}")
     if world_size is not None:
         try:
@@ -429,7 +442,7 @@ def continual_plan_problem(cfg: RunConfig) -> str:
 def start_notes(cfg: RunConfig) -> list[str]:
     """What a run says once at start (and ``--check`` prints) about settings that are valid but easy to get wrong
     unnoticed."""
-    notes = []
+    notes = [*schedule_notes(cfg), *path_notes(cfg)]
     plan = continual_plan(cfg)
     if plan is not None and cfg.train.steps < plan.total_steps:
         cut = [f"{name} {n} of {plan.iterations()[name]}"
