@@ -7,7 +7,9 @@ evaluation with ``"split": "eval"``; every line is strict JSON (a NaN/Inf value 
 
 MFU is model FLOPs per second over the peak: the FLOPs per token are counted for the layers as applied
 (``trainer/flops.py``: ALBERT's shared layer once per application, ELECTRA's generator and discriminator, every head
-the forward computes). The peak is ``logging.peak_tflops`` per
+the forward computes), attention for the rows as computed: each packed sample's or padded row's real length squared,
+not ``max_seq_length`` for every token, and padding never counted (before 2026-12-06 the attention part was counted
+at full rows: up to ~8 % high for 512-token BERT-large on short rows). The peak is ``logging.peak_tflops`` per
 rank, else the vendor's dense peak for this GPU model at the training's matmul dtype (``PEAK_TFLOPS``; fp32 counts
 as tf32 when torch allows TF32 matmuls), else a large matmul at the training dtype measured once at start-up
 (synchronised; it lands below the datasheet, so MFU reads high by that margin: the table is preferred).
