@@ -59,6 +59,16 @@ if [ "$(bf_run_status)" = completed ]; then
     # they run (bf_finish -> bf_downstream)
     BF_DONE_RUN_DIRS+=("$RUN_DIR/phase1")
 else
+    # Phase 2's config is checked now, at the job's world size, as bf_train checks phase 1's: otherwise a typo in it
+    # (or EXTRA_SETS valid for phase 1 only) failed after phase 1's ~1.5 days on 64 GPUs. checkpoint.init_from is set
+    # to null here: phase 1's checkpoint does not exist yet, and the launch below sets it. Costs one --check (~1 s).
+    if [ "$PHASE2_CONFIG" != none ]; then
+        bf_sets "$RUN_DIR/phase2"
+        WORLD_SIZE=$((BF_NNODES * BF_NPROC)) python "${TRAIN_SCRIPT:-trainer/pretrain.py}" --config "$PHASE2_CONFIG" \
+            "${BF_SETS[@]}" "$@" --set checkpoint.init_from=null --check >/dev/null \
+            || { bf_stopped && bf_check_launch; bf_die "phase 2's config $PHASE2_CONFIG ${BF_SETS[*]} $* is invalid \
+(message above); nothing was launched, phase 1 included"; }
+    fi
     bf_log "phase 1: $PHASE1_CONFIG"
     bf_train "$PHASE1_CONFIG" "$RUN_DIR/phase1" "$@" ${BF_PHASE1_RESUME[@]+"${BF_PHASE1_RESUME[@]}"}
     bf_check_launch
