@@ -180,3 +180,17 @@ def test_a_missing_dlm_path_is_refused_and_a_recipes_placeholder_is_said(tmp_pat
     config_from_dict(resolved)  # its resolved config (recipe: ernie_base) too
     with pytest.raises(ConfigError, match="objective.options.dlm.path"):  # the same value in a config of one's own
         config_from_dict({**resolved, "recipe": "mine"})
+
+
+def test_a_launch_with_a_recipes_placeholder_path_still_missing_stops_before_start_up(tmp_path, capsys):
+    """ernie_base's own objective.options.dlm.path (data/dialogues.jsonl) passes --check (every recipe must, in a
+    checkout without data) with a note; a launch that still lacks the file stops with exit 2 naming the key before
+    any process group or model (it ended in a FileNotFoundError traceback after start-up)."""
+    sets = [f"run_dir={tmp_path / 'run'}"]
+    argv = ["--config", "tiny_ernie"] + [x for s in [*NUMS, *sets] for x in ("--set", s)]
+    assert main(argv + ["--check"]) == 0
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: objective.options.dlm.path=data/dialogues.jsonl: no such file" in err, err
+    assert not (tmp_path / "run").exists()

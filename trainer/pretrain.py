@@ -426,6 +426,15 @@ def main(argv=None) -> int:
         for line in start_notes(cfg):
             print0(line, file=sys.stderr)
         return 0
+    # A shipped recipe's placeholder path (ernie_base's data/dialogues.jsonl, bert_base_phase2's phase-1 folder) passes
+    # --check, which must hold for every recipe in a checkout without data; a launch that still lacks it stops here,
+    # before any process group or model, instead of with a traceback after start-up
+    from trainer.config_checks import path_problems
+    missing = path_problems(cfg)
+    if missing:
+        for _, message in missing:
+            print0(f"error: {message}", file=sys.stderr)
+        return EXIT_CONFIG
     from trainer.run_lock import RunLockedError  # no torch: only the standard library
 
     note_step(-1)  # nothing trained by this run yet (a process may run several: tests/several_runs.py)
