@@ -294,7 +294,7 @@ def config_from_dict(raw: dict, source: str = "config", world_size: int | None =
     raw = dict(raw)
     _resolve_from_data(raw)
     # before the preset fills in every model field: only what the config itself sets can disagree
-    problem = unused_setting_problem(raw) or ignored_setting_problem(raw)
+    problem = unused_setting_problem(raw) or ignored_setting_problem(raw, recipe_raw)
     if problem:  # accepted and echoed by --check, and without effect: a run trained with other values than it said
         raise ConfigError(f"{source}: {problem}")
     _resolve_model_preset(raw)

@@ -41,7 +41,7 @@ def _differs(raw_value, default) -> bool:
         return raw_value != default  # (pydantic names a bad value later)
 
 
-def ignored_setting_problem(raw: dict) -> str:
+def ignored_setting_problem(raw: dict, recipe_raw: dict | None = None) -> str:
     """Settings whose value has no effect under the rest of the recipe, set to something else than their default.
 
     Read on the raw dict, so only what the config (or a run's resolved config.json, which holds every default) says:
@@ -50,7 +50,12 @@ def ignored_setting_problem(raw: dict) -> str:
     AdamW is built without them), ``schedule.power`` only for kind polynomial and ``end_ratio``/``decay_steps`` not for
     constant (trainer/optim/schedules.py ``WarmupDecay``), ``data.masking.max_ngram`` only for strategy ngram,
     ``span_p``/``max_span`` only for span (trainer/data/masking.py ``tile_distribution``), ``data.pack_doc_sentences``
-    only for doc-sentences and ``data.nsp_negative_prob`` only for the pair formats (sample_index.py)."""
+    only for doc-sentences and ``data.nsp_negative_prob`` only for the pair formats (sample_index.py).
+
+    A shipped recipe's own value passes (``recipe_raw``, else the recipe the config names): `--set
+    schedule.kind=linear` on bert_base_phase1 (power 0.5) or `--set optim.name=adamw` on a LAMB recipe overrides the
+    recipe knowingly, and a resume of such a run must load. Under ``schedule.kind: constant`` the decay's settings
+    are not refused either: the kind says there is no decay."""
     found = []
     optim = _section(raw, "optim")
     if optim.get("name", "adamw") == "adamw":
@@ -62,7 +67,7 @@ def ignored_setting_problem(raw: dict) -> str:
                           "corrects its moments; the switch is LAMB's)", "optim.name: lamb"))
     schedule = _section(raw, "schedule")
     kind = schedule.get("kind", "linear")
-    ignored = {"linear": ("power",), "constant": ("power", "end_ratio", "decay_steps")}.get(kind, ())
+    ignored = {"linear": ("power",)}.get(kind, ())
     for key in ignored:
         if key in schedule and _differs(schedule[key], _SCHEDULE_DEFAULTS[key]):
             found.append((f"schedule.{key}", schedule[key], f"schedule.kind={kind}",
@@ -81,6 +86,9 @@ def ignored_setting_problem(raw: dict) -> str:
         if key in masking and strategy != reader and _differs(masking[key], _MASKING_DEFAULTS[key]):
             found.append((f"data.masking.{key}", masking[key], f"data.masking.strategy={strategy}",
                           f"data.masking.strategy: {reader}"))
+    if found and recipe_raw is None:  # read only when something is found
+        recipe_raw = _shipped_recipe(raw.get("recipe") if isinstance(raw.get("recipe"), str) else None)
+    found = [f for f in found if recipe_value(recipe_raw, f[0]) != f[1]]
     if not found:
         return ""
     key, value, why, instead = found[0]
