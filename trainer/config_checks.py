@@ -137,7 +137,7 @@ def downstream_problem(cfg) -> str:
     kinds' own file formats (jsonl, ner, squad, ...) are read by the child only: their readers import torch."""
     from trainer.finetune.config import load_finetune_config  # noqa: PLC0415  (it imports trainer.config)
     from trainer.finetune.sweep import parse_sweep  # noqa: PLC0415
-    from trainer.finetune.tasks import ALIASES, GLUE, TASK_NAMES, check_ranking, glue_task, with_metrics  # noqa
+    from trainer.finetune.tasks import ALIASES, GLUE, TASK_NAMES, glue_task, tsv_task_spec, with_metrics  # noqa
 
     for i, t in enumerate(cfg.eval.downstream):
         where = f"eval.downstream.{i} (task {t.task})"
@@ -156,19 +156,11 @@ def downstream_problem(cfg) -> str:
                     if ft.task.metrics is not None:
                         with_metrics(glue_task(name), ft.task.metrics)
                 elif name == "tsv" and ft.task.metrics is not None:
-                    check_ranking(_tsv_spec(ft))
+                    tsv_task_spec(ft.task)
         except ConfigError as err:
             return (f"{where}: its fine-tuning config is invalid (config {t.config or '(defaults)'}, set {t.set}, "
                     f"sweep {t.sweep}): {err}")
     return ""
-
-
-def _tsv_spec(ft):
-    from trainer.finetune.tasks import TaskSpec  # noqa: PLC0415
-    t = ft.task
-    return TaskSpec("tsv", t.train_file, dict(t.dev_files), t.text_a, t.text_b, t.label,
-                    tuple(t.labels) if t.labels else None, tuple(t.metrics or ("accuracy",)), t.header,
-                    t.skip_malformed, t.group, dict(t.test_files))
 
 
 def init_from_kind(path: Path) -> str | None:

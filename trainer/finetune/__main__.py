@@ -49,7 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def task_spec(cfg):
     from trainer.finetune.kinds import task_kind
-    from trainer.finetune.tasks import TaskSpec, check_ranking, glue_task, with_metrics
+    from trainer.finetune.tasks import glue_task, tsv_task_spec, with_metrics
     t = cfg.task
     kind = task_kind(t)  # jsonl, ner, squad, race, swag (trainer/finetune/kinds.py)
     if kind is not None:
@@ -57,9 +57,7 @@ def task_spec(cfg):
     if t.name != "tsv":  # GLUE's columns and labels; task.skip_malformed and task.metrics still apply
         spec = dataclasses.replace(glue_task(t.name), skip_malformed=t.skip_malformed, test=dict(t.test_files))
         return with_metrics(spec, t.metrics) if t.metrics is not None else spec
-    return check_ranking(TaskSpec("tsv", t.train_file, dict(t.dev_files), t.text_a, t.text_b, t.label,
-                                  tuple(t.labels) if t.labels else None, tuple(t.metrics or ("accuracy",)), t.header,
-                                  t.skip_malformed, t.group, dict(t.test_files)))
+    return tsv_task_spec(t)
 
 
 def sweep_configs(args, world: int) -> list[tuple[str, object]]:

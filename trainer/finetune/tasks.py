@@ -130,6 +130,14 @@ def with_metrics(spec: TaskSpec, metrics) -> TaskSpec:
     return replace(spec, metrics=tuple(metrics))
 
 
+def tsv_task_spec(t) -> TaskSpec:
+    """The spec of a ``task.name: tsv`` section (``trainer/finetune/config.py``'s task fields), its ranking metrics
+    checked: what the fine-tuning CLI builds, and what the pretraining config's ``eval.downstream`` check builds."""
+    return check_ranking(TaskSpec("tsv", t.train_file, dict(t.dev_files), t.text_a, t.text_b, t.label,
+                                  tuple(t.labels) if t.labels else None, tuple(t.metrics or ("accuracy",)), t.header,
+                                  t.skip_malformed, t.group, dict(t.test_files)))
+
+
 def check_ranking(spec: TaskSpec) -> TaskSpec:
     """A tsv/jsonl spec whose ranking metrics can apply: they need classes (the second is a correct answer)."""
     from trainer.config_error import ConfigError
