@@ -1,7 +1,19 @@
 """ERNIE span annotators: one sequence's text -> character spans (entity / phrase), and their alignment to tokens.
 
-SPEC (``build_indexed.py --annotate``, ``python -m data_prep.annotate --annotate``): ``jieba`` | ``gazetteer:FILE`` |
-``gazetteer-lower:FILE`` | ``jsonl:FILE``, built by ``make_annotator``. The spans they produce are stored in the
+SPEC (``build_indexed.py --annotate``, ``python -m data_prep.annotate --annotate``): ``jieba[:OPTIONS]`` |
+``gazetteer:FILE`` | ``gazetteer-lower:FILE`` | ``jsonl:FILE``, built by ``make_annotator``. jieba's OPTIONS are
+comma-separated ``hmm=on|off`` (default on) and ``userdict=PATH`` (``jieba.load_userdict``: ``WORD [FREQ] [TAG]`` per
+line), e.g. ``jieba:hmm=off,userdict=names.txt``. The spec is written into every side-car and compared as text on a
+rerun, so another option re-annotates (an edited user dictionary under the same path does not: rerun
+``python -m data_prep.annotate``).
+
+``hmm=off``: jieba's HMM (a Viterbi pass over the characters no dictionary word covers) is what finds words outside its
+dictionary, such as personal names and new terms; without it those characters come out one by one (no span). It is
+also what makes traditional or classical Chinese 100-500x slower than simplified: posseg's Viterbi tries all ~256
+tag states for a character it has no entry for. bench/annotate.py measures speed and span difference
+(BENCHMARKS.md, "ERNIE annotation"). Converting traditional text with OpenCC t2s before build_indexed keeps the HMM
+and its names; ``count_traditional`` (a set of common traditional-only characters) is the cheap check annotate.py
+warns with. The spans they produce are stored in the
 side-car format of data_prep/sidecar.py (kinds ``ENTITY`` = 0, ``PHRASE`` = 1 are defined there).
 
 Annotators map the text of one sequence to character spans; ``align_spans`` maps those to token spans through the
@@ -17,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -53,9 +66,15 @@ class JiebaAnnotator:
 
     spec = "jieba"
 
-    def __init__(self, min_phrase_chars: int = 2, max_chain_words: int = 3):
+    def __init__(self, min_phrase_chars: int = 2, max_chain_words: int = 3, hmm: bool = True,
+                 userdict: str | Path | None = None, spec: str = "jieba"):
         self.min_phrase_chars = min_phrase_chars
         self.max_chain_words = max_chain_words
+        self.hmm = hmm
+        self.userdict = None if userdict is None else Path(userdict)
+        if self.userdict is not None and not self.userdict.is_file():
+            raise FileNotFoundError(f"jieba user dictionary {self.userdict} not found (--annotate {spec})")
+        self.spec = spec
         self._tok = None
 
     def _tokenizer(self):
@@ -64,13 +83,16 @@ class JiebaAnnotator:
             import jieba.posseg
 
             jieba.setLogLevel(logging.WARNING)
-            self._tok = jieba.posseg.POSTokenizer(_keyed_jieba_tokenizer(jieba))
+            tok = _keyed_jieba_tokenizer(jieba)
+            if self.userdict is not None:  # jieba raises ValueError naming the file for a non-UTF-8 one
+                tok.load_userdict(str(self.userdict))
+            self._tok = jieba.posseg.POSTokenizer(tok)
         return self._tok
 
     def __call__(self, text: str) -> list[CharSpan]:
         words = []
         pos = 0
-        for pair in self._tokenizer().cut(text, HMM=True):
+        for pair in self._tokenizer().cut(text, HMM=self.hmm):
             words.append((pos, pos + len(pair.word), pair.flag, pair.word))
             pos += len(pair.word)
         spans: list[CharSpan] = []
@@ -243,18 +265,54 @@ def jieba_cache_folder() -> Path:
     return folder
 
 
+# Common characters that exist only in traditional writing (their simplified forms differ: 們/们, 這/这, 國/国 ...);
+# simplified text has almost none of them, running traditional text has them as ~10-20% of its CJK characters.
+# A small fixed set, not a converter: it only has to tell which shards will be slow and phrase poorly under jieba.
+TRADITIONAL_ONLY = frozenset(
+    "們這個來時說會國對學為與發後經過現開關動進種產實將點還體從問應當長業機線見書東車馬門電話語讀寫聽買賣錢銀難歡樂"
+    "歷義興華區級變頭無歲衛視覺親記設許論證識議讓財資質購費運連選邊達遠適鄉處號單師帶廣張彈態戰擊據數斷樣權歸氣漢"
+    "滿熱獨畫盡監碼積穩約紅紙組細終結給統絕綜網總編練聯職萬葉蘭術衝裝觀計認討訓評試該請調談護豐貨貴賽趕軍輪輕農"
+    "醫針鐘鐵間陽際隊險隨雙雜順題顏風飛飯館驗黨齊龍麼嗎媽愛裡邊價傳億優爺復稱築係")
+_CJK = re.compile("[\u4e00-\u9fff\u3400-\u4dbf\uf900-\ufaff\U00020000-\U0002fa1f]")
+_TRADITIONAL = re.compile("[" + "".join(sorted(TRADITIONAL_ONLY)) + "]")
+
+
+def count_traditional(text: str) -> tuple[int, int]:
+    """(traditional-only characters, CJK characters) in ``text``: the check behind annotate.py's warning (two regex
+    scans, ~1% of jieba's time on the same text)."""
+    return len(_TRADITIONAL.findall(text)), len(_CJK.findall(text))
+
+
+def _jieba_options(spec: str, arg: str) -> dict:
+    """``hmm=on|off,userdict=PATH`` -> JiebaAnnotator keyword arguments; anything else is refused naming it."""
+    out: dict = {}
+    for item in arg.split(","):
+        key, eq, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if key == "hmm" and eq and value in ("on", "off"):
+            out["hmm"] = value == "on"
+        elif key == "userdict" and eq and value:
+            out["userdict"] = value
+        else:
+            raise ValueError(f"--annotate {spec!r}: jieba option {item!r} is not hmm=on, hmm=off or userdict=PATH "
+                             "(options are comma-separated, e.g. jieba:hmm=off,userdict=names.txt)")
+    return out
+
+
 def make_annotator(spec: str) -> Annotator:
-    """``jieba`` | ``gazetteer:FILE`` | ``jsonl:FILE`` (the value of ``build_indexed.py --annotate``)."""
+    """``jieba[:hmm=on|off,userdict=PATH]`` | ``gazetteer:FILE`` | ``gazetteer-lower:FILE`` | ``jsonl:FILE`` (the
+    value of ``build_indexed.py --annotate``)."""
     name, _, arg = spec.partition(":")
-    if name == "jieba" and not arg:
-        return JiebaAnnotator()
+    if name == "jieba":
+        return JiebaAnnotator(**(_jieba_options(spec, arg) if arg else {}), spec=spec)
     if name == "gazetteer" and arg:
         return GazetteerAnnotator(arg)
     if name == "gazetteer-lower" and arg:
         return GazetteerAnnotator(arg, lowercase=True)
     if name == "jsonl" and arg:
         return JsonlAnnotator(arg)
-    raise ValueError(f"--annotate {spec!r}: expected jieba, gazetteer:FILE, gazetteer-lower:FILE or jsonl:FILE")
+    raise ValueError(f"--annotate {spec!r}: expected jieba, gazetteer:FILE, gazetteer-lower:FILE or jsonl:FILE "
+                     "(jieba takes options: jieba:hmm=off,userdict=PATH)")
 
 
 def align_spans(char_spans: Sequence[CharSpan], offsets: np.ndarray) -> tuple[np.ndarray, int]:

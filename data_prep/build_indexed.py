@@ -365,7 +365,7 @@ def main(argv=None) -> int:
         except (ValueError, OSError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        if args.annotate == "jieba":  # its cache folder: an unwritable one is warned about now, not after tokenizing
+        if args.annotate.split(":")[0] == "jieba":  # its cache folder: an unwritable one is warned now, not later
             from data_prep.annotators import jieba_cache_folder
             jieba_cache_folder()
     dir_skips: Counter = Counter()
@@ -407,8 +407,9 @@ def main(argv=None) -> int:
                 say(f"{mf.manifest_path(prefix)} is up to date with this command; "
                     + (f"checking its side-cars for --annotate {args.annotate}" if args.annotate else
                        f"nothing to do (inspect it with data_prep/inspect_indexed.py {prefix})"))
-                if args.annotate and world.rank == 0:  # finish an annotation that was interrupted, or add one
-                    _annotate(prefix, args.annotate, args.workers, only_missing=True)
+                if args.annotate:  # finish an annotation that was interrupted, or add one (every rank its share)
+                    if _annotate(prefix, args.annotate, args.workers, only_missing=True, world=world):
+                        return 2
                 if workdir.exists() and args.overwrite:
                     if world.rank == 0:
                         shutil.rmtree(workdir, ignore_errors=True)
@@ -446,36 +447,52 @@ def main(argv=None) -> int:
                     say(f"error: {s}", file=sys.stderr)
                 say("finished pieces are kept: rerun the same command to continue", file=sys.stderr)
                 return 2
-            if world.rank != 0:
-                return 0
-            lock.check_held()  # nothing is renamed by a run that lost its lock
-            if message := bad_input.check(workdir, pieces, dir_skips, args.max_bad_share):  # most input lost?
-                print(message, file=sys.stderr)
-                return 2
-            manifest = finalize(prefix, workdir, pieces, identity["inputs"], settings, tokenizer, args.tokenizer,
-                                dir_skips)
-            _summary(prefix, manifest, time.time() - t0, sum(n for _, n in statuses))
-            if args.annotate:
-                _annotate(prefix, args.annotate, args.workers, only_missing=False)
-            return 0
+            code = 0
+            if world.rank == 0:
+                try:
+                    lock.check_held()  # nothing is renamed by a run that lost its lock
+                    if message := bad_input.check(workdir, pieces, dir_skips, args.max_bad_share):  # most input lost?
+                        print(message, file=sys.stderr)
+                        code = 2
+                    else:
+                        manifest = finalize(prefix, workdir, pieces, identity["inputs"], settings, tokenizer,
+                                            args.tokenizer, dir_skips)
+                        _summary(prefix, manifest, time.time() - t0, sum(n for _, n in statuses))
+                except prep_lock.RunLockedError as err:  # said here: the other ranks wait for rank 0's word below
+                    print(f"error: rank 0: {err}" if world.is_mpi else f"error: {err}", file=sys.stderr)
+                    code = 2
+            if not args.annotate:
+                return code
+            # Annotation is spread over every rank (jieba: ~0.4 MB/s per core), so the others wait for rank 0's
+            # manifest; the gather is also how they learn that it failed.
+            if world.is_mpi:
+                code = int(_mpi_allgather(world, (str(code), 0))[0][0])
+            return code or _annotate(prefix, args.annotate, args.workers, only_missing=False, world=world)
     except prep_lock.RunLockedError as err:  # another live run builds this prefix, or this run lost the lock
         print(f"error: rank {world.rank}: {err}" if world.is_mpi else f"error: {err}", file=sys.stderr)
         return 2
 
 
-def _annotate(prefix: str, spec: str, workers: int, only_missing: bool) -> None:
+def _annotate(prefix: str, spec: str, workers: int, only_missing: bool, world: World) -> int:
     """ERNIE side-cars after the manifest: they are derived from finished shards (annotate.py writes each atomically,
     its .spans.json last). ``only_missing`` (the shards were up to date): keep the side-cars an earlier run of this
-    command completed, so rerunning an interrupted command finishes its annotation."""
+    command completed from the shards' current content (data_prep/annotate.py ``complete_sidecars``), so rerunning an
+    interrupted command finishes its annotation. Every rank annotates the shards i % size == rank with its own
+    ``workers``; rank 0 records the side-cars in the manifest and reports. Returns the exit code."""
     from data_prep import annotate
 
-    existing = annotate.complete_sidecars(prefix, spec) if only_missing else {}
-    total = len(mf.read_manifest(prefix)["shards"])
-    if existing:
-        print(f"{len(existing)} of {total} shard(s) already have a complete side-car from {spec}")
-    headers = annotate.annotate_corpus(prefix, spec, progress=True, workers=workers, existing=existing)
-    print(f"annotated {total - len(existing)} shard(s) with {spec}: {sum(h['spans'] for h in headers):,} spans "
-          f"in all {total}")
+    report: dict = {}
+    try:
+        headers = annotate.annotate_corpus(prefix, spec, progress=True, workers=workers, keep_complete=only_missing,
+                                           rank=world.rank, size=world.size,
+                                           allgather=lambda obj: _mpi_allgather(world, obj), report=report)
+    except (OSError, ValueError) as err:
+        if world.rank == 0:
+            print(f"error: {err}", file=sys.stderr)
+        return 2
+    if world.rank == 0:
+        annotate.print_report(spec, headers, report)
+    return 0
 
 
 def _summary(prefix: str, manifest: dict, seconds: float, processed_bytes: int) -> None:

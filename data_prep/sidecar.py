@@ -13,12 +13,17 @@ phrase or a named entity. They are computed once at data-prep time and stored be
                             ``SidecarReader``).
 ``PREFIX_00000.spans.json`` ``{"format": "bertfamily-spans", "version": 1, "annotator": SPEC, "sequences": N,
                             "spans": M, "kinds": ["entity", "phrase"], "row_pointers": "NAME.spans.ptr.npy",
-                            "lengths_sha256": H, "stats": {...}}``; written last, so its presence marks a complete
-                            side-car. ``lengths_sha256`` is the sha256
+                            "lengths_sha256": H, "bin_sha256": B, "stats": {...}}``; written last, so its presence
+                            marks a complete side-car. ``lengths_sha256`` is the sha256
                             of the token count of every sequence (int64, little-endian, in order) the spans were made
                             for: the reader compares it with the shard's ``.idx``, so a side-car left beside a shard
                             rebuilt with another tokenizer (same sentence count, other tokens) is refused instead of
-                            masking the wrong tokens. Optional: side-cars written before it existed load unchecked.
+                            masking the wrong tokens. ``bin_sha256`` is the sha256 of the shard's ``.bin`` the spans
+                            were made from (the manifest's ``bin_sha256`` of that shard): token counts do not identify the text (a shard
+                            rebuilt from the same text converted to simplified characters has the same counts and other
+                            ids), the checksum does. Side-cars written before 2026-12-06 lack it: the trainer refuses
+                            them and ``python -m data_prep.annotate`` spot-checks and keys them (data_prep/annotate.py
+                            ``complete_sidecars``) or re-annotates them.
 
 Spans never cross a sequence boundary (a sample is built from whole sequences, so such a span could not be masked
 whole anyway). Spans of one kind do not overlap; an entity and a phrase may. The hook for ``build_indexed.py``
@@ -111,7 +116,14 @@ class SidecarWriter:
                 self._chunks.append(np.concatenate([seq, spans], axis=1))
             self._sequences += 1
 
-    def finalize(self) -> dict:
+    def finalize(self, bin_sha256: str | None = None) -> dict:
+        """Write the side-car; ``bin_sha256``: the checksum of the shard's ``.bin`` the spans were made from (the
+        caller hashed it before reading it); without it the ``.bin`` beside the side-car, if any, is hashed now
+        (one read of the shard, ~1 GB/s)."""
+        if bin_sha256 is None and os.path.exists(self.prefix + ".bin"):
+            from data_prep.manifest import sha256_file
+
+            bin_sha256 = sha256_file(self.prefix + ".bin")
         arr = np.concatenate(self._chunks) if self._chunks else np.zeros((0, 4), np.int32)
         stats = dict(self.stats)
         if self._doc is not None:
@@ -125,6 +137,8 @@ class SidecarWriter:
                   "stats": stats}
         if self._lengths_known:
             header["lengths_sha256"] = self._lengths.hexdigest()
+        if bin_sha256 is not None:
+            header["bin_sha256"] = bin_sha256
         with open(npy + ".tmp", "wb") as f:
             np.save(f, arr)
         os.replace(npy + ".tmp", npy)
@@ -212,6 +226,23 @@ def header_record(header: dict) -> dict:
     manifest (``ShardInfo.sidecar``) and the trainer compares them."""
     return {"annotator": header.get("annotator"), "sequences": int(header["sequences"]), "spans": int(header["spans"]),
             "lengths_sha256": header.get("lengths_sha256")}
+
+
+def content_mismatch(header: dict, bin_sha256: str, where: str) -> str | None:
+    """Why a side-car header does not belong to the shard whose ``.bin`` has checksum ``bin_sha256`` (the manifest's),
+    or None when it does. ``where``: the prefix to name in the commands."""
+    made_for = header.get("bin_sha256")
+    spec = header.get("annotator", "SPEC")
+    if made_for is None:
+        return (f"it has no shard checksum (written before 2026-12-06), so it cannot be told apart from a side-car left "
+                f"beside a shard rebuilt from other text with the same token counts. Run `python -m data_prep.annotate "
+                f"{where} --annotate {spec} --keep-complete` (under mpirun to use several nodes): it checks a sample "
+                f"of every such side-car against its shard and adds the checksum (seconds per shard), or annotates a stale one again")
+    if made_for != bin_sha256:
+        return (f"it was made from a shard with .bin sha256 {made_for[:12]}..., the manifest's shard is "
+                f"{bin_sha256[:12]}... (the shard was rebuilt after it was annotated). Annotate again: "
+                f"`python -m data_prep.annotate {where} --annotate {spec}`")
+    return None
 
 
 def row_pointers(spans: np.ndarray, sequences: int) -> np.ndarray:

@@ -15,6 +15,12 @@ key: 1,000 small reads per rank on a shared filesystem for 1,000 shards). A side
 a process first opens it (its header is read then anyway), and the check entry's build compares them all, so a
 side-car rewritten after the manifest is refused, naming the file. Corpora annotated before the manifest recorded
 side-cars still work: their headers are read at start-up, as before.
+
+Every open also compares the side-car's ``bin_sha256`` (the shard content it was made from) with the manifest's
+``bin_sha256`` of its shard: token counts alone let a side-car made from the old text of a rebuilt shard through
+(traditional -> simplified conversion keeps them). A side-car without it (written before 2026-12-06) is refused with
+the command that spot-checks and keys it in seconds per shard (``python -m data_prep.annotate PREFIX --annotate SPEC
+--keep-complete``), since nothing here can tell an old valid side-car from a stale one.
 """
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from data_prep.manifest import manifest_path
-from data_prep.sidecar import SidecarReader, header_record
+from data_prep.sidecar import SidecarReader, content_mismatch, header_record
 from trainer.data.cache_file import CacheWriter, ensure, settings_hash
 from trainer.data.open_maps import OpenShards
 
@@ -64,6 +70,13 @@ def check_record(reader: SidecarReader, record: dict, manifest_file) -> None:
                          "before training")
 
 
+def check_content(reader: SidecarReader, shard: dict, corpus_prefix) -> None:
+    """Refuse a side-car not made from its shard's content (``bin_sha256``, data_prep/sidecar.py), naming the fix."""
+    why = content_mismatch(reader.header, shard["bin_sha256"], str(corpus_prefix))
+    if why is not None:
+        raise ValueError(f"{reader.prefix}.spans.json cannot be used for ERNIE masking: {why}")
+
+
 def has_sidecars(corpus) -> bool:
     shards = corpus.manifest["shards"]
     return recorded(corpus) or (
@@ -83,6 +96,7 @@ def verified_sidecars(corpus) -> dict:
             for spec, want in zip(corpus.manifest["shards"], headers):
                 reader = SidecarReader(root / spec["prefix"], expect_sequences=int(spec["sentences"]), verify=True)
                 check_record(reader, want, manifest_path(corpus.prefix))
+                check_content(reader, spec, corpus.prefix)
                 w.append("sequences", np.array([len(reader)], np.int64))
             w.commit({"prefix": corpus.prefix})
 
@@ -101,6 +115,8 @@ class CorpusSpans:
         self.root = self.manifest_file.parent
         verified_sidecars(corpus)  # the lengths check, once per cache entry; the readers below skip it
         self._shards = [(spec["prefix"], int(spec["sentences"])) for spec in corpus.manifest["shards"]]
+        self._bins = [{"bin_sha256": spec["bin_sha256"]} for spec in corpus.manifest["shards"]]
+        self.prefix = str(corpus.prefix)
         # what the manifest recorded for each side-car (None: not recorded, the headers made the key): a side-car
         # rewritten after that is refused on its first open instead of masking with spans nobody checked
         self._records = [spec.get("sidecar") for spec in corpus.manifest["shards"]]
@@ -110,7 +126,8 @@ class CorpusSpans:
 
     def __getstate__(self):
         return {"root": self.root, "manifest_file": self.manifest_file, "_shards": self._shards,
-                "_records": self._records, "starts": self.starts}  # a worker opens its own
+                "_records": self._records, "starts": self.starts,
+                "_bins": self._bins, "prefix": self.prefix}  # a worker opens its own
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -129,6 +146,7 @@ class CorpusSpans:
             reader = SidecarReader(self.root / prefix, expect_sequences=sentences, verify=False)
             if self._records[k] is not None:
                 check_record(reader, self._records[k], self.manifest_file)
+            check_content(reader, self._bins[k], self.prefix)  # a string compare: the header was read anyway
             self._readers[k] = reader
         return self._readers[k]
 
