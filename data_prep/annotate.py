@@ -335,10 +335,10 @@ def annotate_corpus(prefix: str | Path, spec: str, progress: bool = True, worker
         kept = complete_sidecars(prefix, spec, mine, notes) if keep_complete else {
             i: h for i, h in (existing or {}).items() if i in mine}
         made = _annotate_share(prefix, spec, mine, shards, root, tok_dir, workers, progress and rank == 0, kept)
-    except (OSError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001  any error: the other ranks must not wait in the gather for this one
         if size == 1:
             raise
-        status = f"rank {rank}: {err}"
+        status = f"rank {rank}: {type(err).__name__}: {err}"
     if size > 1:
         gathered = allgather((status, kept, made, notes))
         failed = [s for s, *_ in gathered if s != "ok"]

@@ -461,6 +461,12 @@ def main(argv=None) -> int:
                 except prep_lock.RunLockedError as err:  # said here: the other ranks wait for rank 0's word below
                     print(f"error: rank 0: {err}" if world.is_mpi else f"error: {err}", file=sys.stderr)
                     code = 2
+                except Exception:  # noqa: BLE001  ranks waiting below for the manifest must hear of it, not hang
+                    if not (world.is_mpi and args.annotate):
+                        raise
+                    import traceback
+                    traceback.print_exc()
+                    code = 2
             if not args.annotate:
                 return code
             # Annotation is spread over every rank (jieba: ~0.4 MB/s per core), so the others wait for rank 0's

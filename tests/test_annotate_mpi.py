@@ -17,10 +17,10 @@ ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONF
        "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
 
-def _mpirun(*cmd) -> subprocess.CompletedProcess:
+def _mpirun(*cmd, ok: bool = True) -> subprocess.CompletedProcess:
     run = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", sys.executable, *cmd], cwd=REPO, env=ENV,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout + run.stderr
+                         capture_output=True, text=True, timeout=300)
+    assert (run.returncode == 0) == ok, run.stdout + run.stderr
     return run
 
 
@@ -55,3 +55,12 @@ def test_two_ranks_annotate_their_shards_and_write_what_one_process_writes(tok, 
     run = _mpirun("data_prep/build_indexed.py", *args, "--output-prefix", str(two), "--annotate", "jieba")
     assert f"{n} of {n} shard(s) already have a complete side-car" in run.stdout
     assert {p: p.stat().st_mtime_ns for p in kept} == kept
+
+    # an error on rank 1 (its shard's .bin is not the manifest's) stops both ranks with the message, none waits
+    bin1 = Path(f"{two}_00001.bin")
+    data = bytearray(bin1.read_bytes())
+    data[0] ^= 1
+    bin1.write_bytes(bytes(data))
+    run = _mpirun("-m", "data_prep.annotate", str(two), "--annotate", "jieba", "--quiet", ok=False)
+    assert re.search(r"annotation failed on rank 1: ValueError: .*zh_00001\.bin has sha256 .*rebuild the corpus",
+                     run.stdout + run.stderr), run.stdout + run.stderr
