@@ -380,6 +380,8 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         (Path(cfg.run_dir) / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))
     print0(f"world size {world_size}, ZeRO stage {ds_engine.zero_stage}, micro batch {cfg.train.micro_batch_size} x "
            f"accumulation {grad_accum} x {world_size} ranks = {cfg.train.global_batch_size} sequences per step")
+    from trainer.run_banner import start_banner
+    print0(start_banner(cfg, comps.model, precision(cfg, ds_config), state.step))
     write_status(cfg.run_dir, rank, "running", state.step, fence=fence)
     downstream = None
     if cfg.eval.downstream:
@@ -425,6 +427,11 @@ def main(argv=None) -> int:
                f"{batch_plan(cfg.train, world_size)[1]} x {world_size} ranks", file=sys.stderr)
         for line in start_notes(cfg):
             print0(line, file=sys.stderr)
+        # the launch says it again once its components know their held-out data; a login node's --check says it
+        # from the config: the papers' recipes set eval_every and name no held-out data
+        held_out = bool(cfg.data.valid_corpora) or (cfg.data.valid_split > 0 and not cfg.objective.name.startswith("ernie"))
+        if evaluation_note(cfg, held_out):
+            print0(evaluation_note(cfg, held_out), file=sys.stderr)
         return 0
     # A shipped recipe's placeholder path (ernie_base's data/dialogues.jsonl, bert_base_phase2's phase-1 folder) passes
     # --check, which must hold for every recipe in a checkout without data; a launch that still lacks it stops here,
