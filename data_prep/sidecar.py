@@ -19,11 +19,12 @@ phrase or a named entity. They are computed once at data-prep time and stored be
                             for: the reader compares it with the shard's ``.idx``, so a side-car left beside a shard
                             rebuilt with another tokenizer (same sentence count, other tokens) is refused instead of
                             masking the wrong tokens. ``bin_sha256`` is the sha256 of the shard's ``.bin`` the spans
-                            were made from (the manifest's ``bin_sha256`` of that shard): token counts do not identify the text (a shard
-                            rebuilt from the same text converted to simplified characters has the same counts and other
-                            ids), the checksum does. Side-cars written before 2026-12-06 lack it: the trainer refuses
-                            them and ``python -m data_prep.annotate`` spot-checks and keys them (data_prep/annotate.py
-                            ``complete_sidecars``) or re-annotates them.
+                            were made from (the manifest's ``bin_sha256`` of that shard): token counts do not identify
+                            the text (a shard rebuilt from the same text converted to simplified characters has the
+                            same counts and other ids), the checksum does. Side-cars written before 2026-12-06 lack
+                            it: the trainer refuses them and ``python -m data_prep.annotate --keep-complete``
+                            spot-checks and keys them (data_prep/annotate.py ``complete_sidecars``) or re-annotates
+                            them.
 
 Spans never cross a sequence boundary (a sample is built from whole sequences, so such a span could not be masked
 whole anyway). Spans of one kind do not overlap; an entity and a phrase may. The hook for ``build_indexed.py``
@@ -234,10 +235,11 @@ def content_mismatch(header: dict, bin_sha256: str, where: str) -> str | None:
     made_for = header.get("bin_sha256")
     spec = header.get("annotator", "SPEC")
     if made_for is None:
-        return (f"it has no shard checksum (written before 2026-12-06), so it cannot be told apart from a side-car left "
-                f"beside a shard rebuilt from other text with the same token counts. Run `python -m data_prep.annotate "
-                f"{where} --annotate {spec} --keep-complete` (under mpirun to use several nodes): it checks a sample "
-                f"of every such side-car against its shard and adds the checksum (seconds per shard), or annotates a stale one again")
+        return (f"it has no shard checksum (written before 2026-12-06), so it cannot be told apart from a side-car "
+                f"left beside a shard rebuilt from other text with the same token counts. Run `python -m "
+                f"data_prep.annotate {where} --annotate {spec} --keep-complete` (under mpirun to use several nodes): "
+                f"it checks a sample of every such side-car against its shard and adds the checksum (seconds per "
+                f"shard), or annotates a stale one again")
     if made_for != bin_sha256:
         return (f"it was made from a shard with .bin sha256 {made_for[:12]}..., the manifest's shard is "
                 f"{bin_sha256[:12]}... (the shard was rebuilt after it was annotated). Annotate again: "
