@@ -393,14 +393,14 @@ def main(argv=None) -> int:
                         "shard checksum are spot-checked and keyed); default: annotate every shard again")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
-    from data_prep.build_indexed import _mpi_allgather, detect_world  # MPI: as build_indexed.py (mpirun / srun)
+    from data_prep.mpi_world import detect_world, mpi_allgather  # MPI: as build_indexed.py (mpirun / srun)
 
     world = detect_world()
     report: dict = {}
     try:
         headers = annotate_corpus(args.prefix, args.annotate, progress=not args.quiet, workers=args.workers,
                                   keep_complete=args.keep_complete, rank=world.rank, size=world.size,
-                                  allgather=lambda obj: _mpi_allgather(world, obj), report=report)
+                                  allgather=lambda obj: mpi_allgather(world, obj), report=report)
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     if world.rank != 0:

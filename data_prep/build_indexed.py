@@ -50,7 +50,6 @@ if __name__ == "__main__" and not __package__:  # `python data_prep/build_indexe
 import argparse
 import multiprocessing as mp
 import os
-import re
 import shutil
 import signal
 import sys
@@ -66,6 +65,7 @@ import numpy as np
 
 from data_prep import manifest as mf
 from data_prep import bad_input, build_indexed_args, prep_lock, sources
+from data_prep.mpi_world import detect_world, mpi_allgather as _mpi_allgather  # noqa: F401 (re-exported)
 from data_prep.prep_work import (Piece, Settings, World, auto_chunk_bytes, finalize, finished_pieces, piece_bytes,
                                  piece_documents, plan_identity, plan_pieces, prepare_workdir, record_name,
                                  same_unfinished_run, up_to_date, write_json_atomic)
@@ -261,36 +261,6 @@ def _import_builder() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import megatron.core.datasets.indexed_dataset  # noqa: F401
-
-
-def detect_world() -> World:
-    """Rank and size from the launcher's environment, without importing mpi4py (which would initialise MPI)."""
-    env = os.environ
-    for rank_key, size_key, local_key in (
-        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"),
-        ("PMIX_RANK", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE"),
-        ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE"),
-    ):
-        if rank_key in env and size_key in env:
-            local = re.match(r"\d+", env.get(local_key, "1"))
-            return World(int(env[rank_key]), int(env[size_key]), int(local.group(0)) if local else 1)
-    return World(0, 1, 1)
-
-
-def _mpi_allgather(world: World, status: tuple[str, int]) -> list[tuple[str, int]]:
-    """Barrier plus every rank's (status, bytes processed). mpi4py is imported here, after the worker pool exited."""
-    if not world.is_mpi:
-        return [status]
-    try:
-        from mpi4py import MPI
-    except ImportError as err:
-        raise SystemExit("error: launched with several ranks but mpi4py is missing: pip install mpi4py") from err
-    comm = MPI.COMM_WORLD
-    if comm.Get_size() != world.size:
-        raise SystemExit(f"error: the environment says {world.size} ranks but MPI sees {comm.Get_size()}; under "
-                         f"srun use --mpi=pmix so that the ranks form one MPI job")
-    return comm.allgather(status)
 
 
 def _run_pieces(todo: list[Piece], args, settings: Settings, workdir: Path, world: World, total_bytes: int) -> None:

@@ -2,7 +2,8 @@
 real work.
 
 Sections owned elsewhere (``model``, ``data``, ``objective``, ``optim``, ``schedule``) are defined next to their code;
-the sections the trainer owns (``train``, ``checkpoint``, ``logging``, ``deepspeed``) below. Every model forbids
+the sections the trainer owns (``train``, ``checkpoint``, ``logging``) below, ``deepspeed`` in
+config_sections.py (the fine-tuning config shares it); recipe files are read by recipe_files.py. Every model forbids
 unknown keys, so a typo fails with the key's dotted path instead of being silently ignored. Every section imports
 only pydantic and the standard library (and YAML here): validating a config, ``--check`` included, imports neither
 torch, nor DeepSpeed, nor the encoder, so it answers in well under a second, also on a login node without torch.
@@ -15,15 +16,15 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from trainer.config_checks import (downstream_problem, ignored_setting_problem, path_notes, path_problem,
                                    schedule_notes, schedule_problem)
 from trainer.config_error import ConfigError  # noqa: F401 (defined apart, re-exported here: see that module)
 from trainer.config_sets import apply_override  # (also re-exported: trainer.config.apply_override)
+from trainer.config_sections import DeepSpeedConfig, _Section  # noqa: F401 (re-exported)
+from trainer.recipe_files import RECIPES_DIR, _read_yaml, resolve_recipe  # noqa: F401 (re-exported)
 from trainer.data.config import DataConfig
 from trainer.ds_json import ds_config_path, grad_accum_problem, offload_problem, precision, read_ds_json
 from trainer.finetune.downstream import EvalConfig
@@ -32,11 +33,6 @@ from trainer.models.presets import get_preset
 from trainer.objectives import ObjectiveConfig, check_data_requirements
 from trainer.optim.config import OptimConfig, ScheduleConfig
 
-RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class TrainConfig(_Section):
@@ -93,19 +89,6 @@ class LoggingConfig(_Section):
     """Per-rank peak for MFU. None = measure a fp32 matmul on this device once at start-up (~0.3 s)."""
 
 
-class DeepSpeedConfig(_Section):
-    config: str = "ds_configs/zero2.json"
-    """DeepSpeed JSON (relative to the repo root or absolute). Batch sizes, optimizer, scheduler, precision and
-    clipping are filled in by the trainer; do not set them in the JSON."""
-    zero_stage: Literal[0, 1, 2, 3] | None = None
-    """Overrides zero_optimization.stage of the JSON (None = keep the JSON's)."""
-    precision: Literal["fp32", "bf16", "fp16"] | None = None
-    """None = what the JSON enables (its bf16/fp16 blocks), fp32 if neither. fp32 on CPU (bf16 matmul is ~250x
-    slower there); bf16 on GPUs that have it; fp16 uses dynamic loss scaling. Must not contradict the JSON."""
-    timeout_minutes: float = Field(default=10.0, gt=0)
-    """Collective timeout: a dead rank fails the others after this long instead of hanging the job."""
-
-
 class RunConfig(_Section):
     """A whole run: what ``load_config`` returns and ``Trainer.cfg`` holds."""
 
@@ -140,44 +123,6 @@ class RunConfig(_Section):
 
 
 # --- YAML, recipes and --set overrides ---------------------------------------------------------------------------
-
-def resolve_recipe(name_or_path: str) -> Path:
-    """A recipe name (``tiny_roberta``), a YAML path, or a run's resolved ``config.json`` (JSON is YAML)."""
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml", ".json") and path.exists():  # a run's resolved config.json is YAML too
-        return path
-    candidate = RECIPES_DIR / f"{name_or_path}.yaml"
-    if candidate.exists():
-        return candidate
-    known = ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
-    raise ConfigError(f"config {name_or_path!r}: no such file and no recipe of that name (recipes: {known})")
-
-
-def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
-    """Read a YAML config; ``base: other_recipe`` inherits from another recipe (deep-merged, this file wins)."""
-    if path in seen:
-        raise ConfigError(f"{path}: 'base' chain loops back to itself")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
-    base = raw.pop("base", None)
-    if base is None:
-        return raw
-    return deep_merge(_read_yaml(resolve_recipe(base), seen + (path,)), raw)
-
-
-def deep_merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
 
 def _resolve_from_data(raw: dict) -> None:
     """``model.vocab_size: auto`` / ``model.pad_token_id: auto`` -> the tokenizer's, found through the manifest of

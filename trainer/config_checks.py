@@ -231,7 +231,7 @@ def path_problem(cfg, recipe_raw: dict | None = None) -> str:
 
 def _shipped_recipe(name: str | None) -> dict:
     """The shipped recipe ``name``'s own raw values ({} for none): read only when a path is missing."""
-    from trainer.config import RECIPES_DIR, _read_yaml  # noqa: PLC0415  (trainer.config imports this module)
+    from trainer.recipe_files import RECIPES_DIR, _read_yaml  # noqa: PLC0415
     path = RECIPES_DIR / f"{name}.yaml"
     return _read_yaml(path) if name and path.is_file() else {}
 

@@ -12,7 +12,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainer.config import ConfigError, DeepSpeedConfig, apply_override
+from trainer.config_error import ConfigError
+from trainer.config_sections import DeepSpeedConfig
+from trainer.config_sets import apply_override
 from trainer.optim import OptimConfig
 
 

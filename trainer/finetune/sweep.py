@@ -13,7 +13,7 @@ import os
 import statistics
 from pathlib import Path
 
-from trainer.config import ConfigError
+from trainer.config_error import ConfigError
 
 
 def parse_sweep(items: list[str]) -> list[list[str]]:
