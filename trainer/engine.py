@@ -7,6 +7,16 @@ values the trainer computes (batch sizes, gradient clipping, precision, universa
 ``build_ds_config``, once per run, and a JSON that sets them by hand is rejected so they are never duplicated.
 ``build_optimizer`` picks the optimizer: DeepSpeed's where one applies (FusedAdam on GPU when prebuilt,
 DeepSpeedCPUAdam under ZeRO-Offload), else ``trainer.optim.build``'s; every one carries the non-finite guard.
+
+One reach into torch (not DeepSpeed) internals, ``_default_group_timeout``: DeepSpeed creates its own process groups
+with ``dist.new_group(ranks)`` and no timeout (the clone of the world group that ZeRO reduces gradients over,
+deepspeed/utils/groups.py ``_clone_world_group``; ZeRO++, MoE and sequence-parallel groups likewise), and torch gives
+such a group its built-in default (30 min gloo, 10 min NCCL), not ``deepspeed.timeout_minutes``: a stopped rank held
+the others 30 min in the gradient reduction with the setting at 1 min. torch resolves every ``timeout=None`` of
+``new_group`` / ``new_subgroups`` through one function reading two module globals (``_get_default_timeout``,
+torch/distributed/distributed_c10d.py); setting them to the run's timeout covers every group DeepSpeed creates, now
+or lazily later, with no DeepSpeed method patched. ``Engine`` checks after ``deepspeed.initialize`` that every group
+got it (a torch that resolves defaults elsewhere is said, not silent).
 """
 from __future__ import annotations
 
@@ -89,8 +99,47 @@ def _set_env(**values: str) -> None:
         os.environ[k] = v
 
 
+# torch's own default process-group timeouts before _default_group_timeout set them (put back by restore_environment)
+_SAVED_TIMEOUTS: dict[str, object] = {}
+
+
+def _default_group_timeout(timeout: datetime.timedelta) -> None:
+    """Make ``timeout`` torch's default for every process group created without one (see the module docstring):
+    DeepSpeed's world-group clone and ZeRO's groups then time out with the trainer's setting. Costs nothing per step."""
+    from torch.distributed import distributed_c10d as c10d
+
+    for name in ("default_pg_timeout", "default_pg_nccl_timeout"):
+        if getattr(c10d, name, None) is not None:  # the NCCL one is None in a torch built without NCCL
+            _SAVED_TIMEOUTS.setdefault(name, getattr(c10d, name))
+            setattr(c10d, name, timeout)
+
+
+def group_timeouts() -> dict[str, datetime.timedelta | None]:
+    """{process group name: its timeout} for every group of this process (None where the backend does not say):
+    what ``Engine`` checks and tests/test_hang_timeout.py reads."""
+    from torch.distributed import distributed_c10d as c10d
+
+    out = {}
+    for pg in list(c10d._world.pg_map):
+        timeout = None
+        for device in ("cpu", "cuda"):
+            try:
+                timeout = pg._get_backend(torch.device(device)).options._timeout
+                break
+            except Exception:  # noqa: BLE001  (no backend for that device; a backend without options)
+                continue
+        out[c10d._get_process_group_name(pg)] = timeout
+    return out
+
+
 def restore_environment() -> None:
-    """Undo what init_distributed wrote into os.environ (nothing when a launcher set the variables)."""
+    """Undo what init_distributed wrote into os.environ (nothing when a launcher set the variables) and put torch's
+    default process-group timeouts back."""
+    from torch.distributed import distributed_c10d as c10d
+
+    while _SAVED_TIMEOUTS:
+        name, value = _SAVED_TIMEOUTS.popitem()
+        setattr(c10d, name, value)
     while _SAVED_ENV:
         k, v = _SAVED_ENV.popitem()
         if v is None:
@@ -136,8 +185,9 @@ def init_distributed(timeout_minutes: float, should_stop=None) -> tuple[int, int
     if get_accelerator().device_name() == "cpu":
         clear_stale_op_locks(["ShareMemCommBuilder"], should_stop)
     backend = "gloo" if get_accelerator().device_name() == "cpu" else get_accelerator().communication_backend_name()
-    deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(minutes=timeout_minutes),
-                               auto_mpi_discovery=True, verbose=False)
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    _default_group_timeout(timeout)  # before DeepSpeed creates any group of its own (module docstring)
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout, auto_mpi_discovery=True, verbose=False)
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
@@ -323,6 +373,7 @@ class Engine:
         args = None if get_accelerator().device_name() == "cpu" else SimpleNamespace(device_rank=local_device_index())
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             args=args, model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+        self._check_group_timeouts()
         if isinstance(optimizer, NonFiniteGuard) and _wrapper_skips_nonfinite_steps(self.engine.optimizer):
             optimizer.checked_by_wrapper = True  # the guard would only repeat DeepSpeed's check, once per group
         if isinstance(optimizer, Lamb) and self.zero_stage > 0:
@@ -334,6 +385,20 @@ class Engine:
         # (Not "step": FusedAdam counts its steps in the group, and that count is the checkpoint's.)
         self.group_settings = [{k: v for k, v in g.items() if k not in ("params", "step")}
                                for g in optimizer.param_groups]
+
+    @staticmethod
+    def _check_group_timeouts() -> None:
+        """Say it when a process group DeepSpeed made does not time out with the world group's (the run's
+        ``deepspeed.timeout_minutes``): a hung peer would then hold the run that group's timeout instead."""
+        if not torch.distributed.is_initialized():
+            return
+        timeouts = group_timeouts()
+        world = timeouts.get(torch.distributed.distributed_c10d._get_process_group_name(
+            torch.distributed.group.WORLD))
+        other = {name: t for name, t in timeouts.items() if t is not None and world is not None and t != world}
+        if other:
+            warn0(f"process group(s) {other} time out after other than deepspeed.timeout_minutes ({world}): a hung "
+                  "rank may hold the others that long (trainer/engine.py _default_group_timeout)")
 
     @property
     def module(self) -> torch.nn.Module:
