@@ -58,6 +58,11 @@ class StepResult:
     nonfinite: bool
     preempt: bool
     seconds: float
+    data_wait: float = 0.0
+    """Host seconds this rank waited for its micro-batches (``next(batches)``) in this step."""
+    rank_times: list[tuple[float, float]] | None = None
+    """On logging steps: every rank's (step seconds, data-wait seconds) over the logging window up to this step's
+    all-reduce, riding that all-reduce (each rank fills its own slots); None on other steps."""
     lost_folder: bool = False
     """Rank 0's run lock was taken over by another launch (``RunLock.lost``): every rank stops at once."""
     heartbeat_dead: bool = False
@@ -152,14 +157,24 @@ class Trainer:
     NaN/Inf streak is open, so this is the one to go back to when the guard stops the run."""
     nonfinite_streak: int = 0
     """Steps in a row (up to the current one) whose loss or gradient was NaN/Inf and that were skipped."""
+    save_seconds: float = 0.0
+    """Seconds spent saving checkpoints since the last train record (logged as ``save_s``, then reset)."""
+    eval_seconds: float = 0.0
+    """Seconds spent evaluating since the last train record (logged as ``eval_s``, then reset)."""
+    last_record_time: float = 0.0
+    """time.time() of the last train record of this launch (0: none yet): ``window_s`` counts from it."""
 
     # --- one step -----------------------------------------------------------------------------------------------
 
-    def train_step(self, batches: Iterator[dict], logs: bool = False) -> StepResult:
-        """One optimizer step. ``logs``: this step's record will be logged (the gradient norm is measured for it)."""
+    def train_step(self, batches: Iterator[dict], logs: bool = False,
+                   window: tuple[float, float] = (0.0, 0.0)) -> StepResult:
+        """One optimizer step. ``logs``: this step's record will be logged (the gradient norm is measured for it, and
+        every rank's window timings ride the all-reduce); ``window``: this rank's (step seconds, data-wait seconds) of
+        the logging window before this step."""
         from trainer.models.kernels import attach_packing
 
         start = time.perf_counter()
+        waited = 0.0  # host clock around next(batches): no device sync
         device = self.engine.device
         # Sums stay on the device until the one all-reduce below: no host sync per micro-batch.
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -171,7 +186,10 @@ class Trainer:
         measure = logs and self.engine.zero_stage == 0
         grad_norm = None
         for i in range(self.grad_accum):
-            host = attach_packing(next(batches))  # a no-op when the loader workers attached it (they do)
+            asked = time.perf_counter()
+            host = next(batches)
+            waited += time.perf_counter() - asked
+            host = attach_packing(host)  # a no-op when the loader workers attached it (they do)
             squares += attended_squares(host)
             batch = _to_device(host, device)
             mask = batch.get("attention_mask")
@@ -196,12 +214,25 @@ class Trainer:
                                    float(self.preempt.requested))):
             if value:
                 flags[i] = value
+        # On logging steps only: every rank's window timings, each rank filling its own two of 2 x world_size slots
+        # (zeros elsewhere), so the sum gives all of them: 16 bytes a rank in the same all-reduce, no collective more.
+        timings = []
+        if logs:
+            timings = [torch.zeros(2 * self.world_size, dtype=torch.float64, device=device)]
+            timings[0][self.rank] = window[0] + time.perf_counter() - start
+            timings[0][self.world_size + self.rank] = window[1] + waited
         # One collective for everything the ranks must agree on (on the device: NCCL reduces only device tensors).
         # note: the .tolist() below is the step's one device-to-host sync point.
-        packed = torch.cat([loss_sum.reshape(1), *(metric_sums[k] for k in keys), tokens.reshape(1), flags])
+        packed = torch.cat([loss_sum.reshape(1), *(metric_sums[k] for k in keys), tokens.reshape(1), flags,
+                            *timings])
         if dist.is_initialized() and self.world_size > 1:
             dist.all_reduce(packed)
         values = packed.tolist()
+        rank_times = None
+        if logs:
+            ws = self.world_size
+            rank_times = list(zip(values[-2 * ws:-ws], values[-ws:]))
+            values = values[:-2 * ws]
         n = self.grad_accum * self.world_size
         loss = values[0] / n
         # each metric pooled over every micro-batch and rank: its summed numerator over its summed count
@@ -209,7 +240,8 @@ class Trainer:
         metrics = {k: s / c for k, (s, c) in parts.items() if c > 0}
         skipped = values[-2] > 0 or not math.isfinite(loss)
         return StepResult(loss=loss, metrics=metrics, tokens=int(values[-5]), nonfinite=bool(skipped),
-                          preempt=values[-1] > 0, seconds=time.perf_counter() - start, lost_folder=values[-3] == 1,
+                          preempt=values[-1] > 0, seconds=time.perf_counter() - start, data_wait=waited,
+                          rank_times=rank_times, lost_folder=values[-3] == 1,
                           heartbeat_dead=values[-3] >= 2, grad_norm=grad_norm, attended_squares=values[-4])
 
     def _grad_norm(self) -> torch.Tensor | None:
@@ -275,16 +307,23 @@ class Trainer:
     def save(self) -> Path:
         """Save this step's checkpoint (returns at once if it exists). Callers check ``may_save`` first."""
         protect = Path(self.state.before_streak) if self.nonfinite_streak and self.state.before_streak else None
+        started = time.perf_counter()
         self.last_checkpoint = checkpoint.save(
             self.engine, checkpoint_dir(self.cfg), self.state, self.cfg.model_dump(mode="json"), self.rank,
             self.world_size, self.cfg.checkpoint.keep_last, run_id=self.run_id, fence=self.fence,
             protect=protect)  # (see may_save)
+        seconds = time.perf_counter() - started
+        if seconds > 1e-3:  # not a repeated call for an existing checkpoint (returns at once)
+            self.save_seconds += seconds
+            self.metrics.message(f"step {self.state.step}: checkpoint saved to {self.last_checkpoint} in "
+                                 f"{seconds:.1f} s")
         # status.json follows the run at each save (one small file on rank 0; every step would cost a write per step).
         # A failed write of it (a transient NFS or quota error) is said, not raised: rank 0 alone leaving the loop
         # after a good checkpoint would leave the other ranks in the next step's collective (and a preemption would
         # exit 1, not 75). The run lock's fence still raises.
         try:
-            write_status(self.cfg.run_dir, self.rank, "running", self.state.step, fence=self.fence)
+            write_status(self.cfg.run_dir, self.rank, "running", self.state.step, fence=self.fence,
+                         total_steps=self.cfg.train.steps)
         except OSError as err:
             self.metrics.message(f"warning: could not update {self.cfg.run_dir}/status.json after saving step "
                                  f"{self.state.step}: {err}")
@@ -364,11 +403,13 @@ class Trainer:
         last_saved = state.step
         # a streak a preemption cut goes on counting: the guard's limit and may_save see the steps before the save too
         in_a_row = self.nonfinite_streak = state.nonfinite_in_a_row
-        window_tokens, window_squares, window_time, window_steps = 0, 0.0, 0.0, 0
+        window_tokens, window_squares, window_time, window_steps, window_wait = 0, 0.0, 0.0, 0, 0.0
+        self.last_record_time = time.time()
         while state.step < cfg.train.steps:
             lr = self.engine.lr()
             step = state.step + 1
-            result = self.train_step(batches, logs=step % cfg.logging.every_steps == 0 or step == cfg.train.steps)
+            result = self.train_step(batches, logs=step % cfg.logging.every_steps == 0 or step == cfg.train.steps,
+                                     window=(window_time, window_wait))
             if result.lost_folder:  # another launch owns the folder now: write nothing more into it
                 raise RunLockLostError(
                     f"stopping at step {state.step + 1}: another launch took over the run folder {cfg.run_dir} "
@@ -397,11 +438,12 @@ class Trainer:
             window_tokens += result.tokens
             window_squares += result.attended_squares
             window_time += result.seconds
+            window_wait += result.data_wait
             window_steps += 1
             self.metrics.advance(1, result.loss)
             if state.step % cfg.logging.every_steps == 0 or state.step == cfg.train.steps:
-                self._log(result, lr, window_tokens, window_time, window_steps, window_squares)
-                window_tokens, window_squares, window_time, window_steps = 0, 0.0, 0.0, 0
+                self._log(result, lr, window_tokens, window_time, window_steps, window_squares, window_wait)
+                window_tokens, window_squares, window_time, window_steps, window_wait = 0, 0.0, 0.0, 0, 0.0
             if result.nonfinite:
                 self._nonfinite(result, in_a_row)  # raises after K in a row
             if result.preempt:  # save first and only: evaluation would eat into the scheduler's grace (KillWait)
@@ -425,7 +467,10 @@ class Trainer:
                 self.downstream.poll()  # never blocks
             # after the step's checkpoint: an evaluation that fails (memory, data) does not cost the step's save
             if cfg.train.eval_every and self.comps.eval_batches and state.step % cfg.train.eval_every == 0:
-                self.metrics.log(state.step, self.evaluate(), split="eval")
+                started = time.perf_counter()
+                scores = self.evaluate()
+                self.eval_seconds += time.perf_counter() - started
+                self.metrics.log(state.step, scores, split="eval")
             if cfg.train.stop_at_step and state.step >= cfg.train.stop_at_step and state.step < cfg.train.steps:
                 if last_saved != state.step and self.may_save("train.stop_at_step checkpoint", ends_launch=True):
                     self.save()
@@ -449,16 +494,35 @@ class Trainer:
         return norm
 
     def _log(self, result: StepResult, lr: float, tokens: int, seconds: float, steps: int,
-             squares: float = 0.0) -> None:
+             squares: float = 0.0, waited: float = 0.0) -> None:
         seconds = max(seconds, 1e-9)
+        now = time.time()
         record = {"loss": result.loss, "lr": lr, "tokens_per_s": tokens / seconds,
                   "samples_per_s": steps * self.cfg.train.global_batch_size / seconds,
                   "grad_norm": self._logged_grad_norm(result), "loss_scale": self.engine.loss_scale(),
-                  "consumed_samples": self.state.consumed_samples, "skipped": self.state.skipped_steps}
+                  "consumed_samples": self.state.consumed_samples, "skipped": self.state.skipped_steps,
+                  # timings (trainer/metrics.py docstring): host clocks, no device sync
+                  "step_s": seconds / steps, "data_wait_s": waited / steps, "window_s": now - self.last_record_time,
+                  "save_s": self.save_seconds, "eval_s": self.eval_seconds}
+        if result.rank_times:  # every rank's window, from the step's all-reduce: the slowest rank by each measure
+            step_rank = max(range(len(result.rank_times)), key=lambda r: result.rank_times[r][0])
+            wait_rank = max(range(len(result.rank_times)), key=lambda r: result.rank_times[r][1])
+            record.update(max_step_s=result.rank_times[step_rank][0] / steps, max_step_rank=step_rank,
+                          max_data_wait_s=result.rank_times[wait_rank][1] / steps, max_data_wait_rank=wait_rank)
+        self.last_record_time, self.save_seconds, self.eval_seconds = now, 0.0, 0.0
         if self.comps.flops_per_token and self.peak_flops:
             # FLOPs of the rows as computed (trainer/flops.py): per real token + attention per attended segment^2
             done = self.comps.flops_per_token * tokens + self.comps.attention_flops * squares
             record["mfu"] = done / seconds / (self.peak_flops * self.world_size)
         record.update(result.metrics)
         self.metrics.log(self.state.step, record)
+        # liveness: status.json follows the run at each record (one small atomic file on rank 0, through the lock's
+        # fence; trainer/run_status.py says how a script tells a hung or dead run from it). A failed write is said,
+        # not raised (as in save: rank 0 alone leaving the loop would hang the others); the fence still raises.
+        try:
+            write_status(self.cfg.run_dir, self.rank, "running", self.state.step, fence=self.fence,
+                         total_steps=self.cfg.train.steps, every_s=record["window_s"])
+        except OSError as err:
+            self.metrics.message(f"warning: could not update {self.cfg.run_dir}/status.json at step "
+                                 f"{self.state.step}: {err}")
 

@@ -5,6 +5,19 @@
 evaluation with ``"split": "eval"``; every line is strict JSON (a NaN/Inf value is written as ``null``,
 ``json_safe``). ``python -m trainer.plot RUN_DIR`` reads it back.
 
+Time fields (host clocks: no device sync). Every record: ``time``, unix seconds when it was written. Train records
+(since 2026-12-06), over the logging window (the steps since the previous train record): ``step_s``, mean seconds of
+rank 0's optimizer steps (what ``tokens_per_s`` divides by: saves and evaluations excluded); ``data_wait_s``, mean
+seconds per step rank 0 waited for its batches; ``window_s``, wall seconds since the previous train record of this
+launch (or its training start), saves and evaluations included; ``save_s`` and ``eval_s``, seconds of checkpoint
+saves and evaluations in the window; across ranks (every rank's window rides the step's one all-reduce):
+``max_step_s`` / ``max_step_rank``, the rank whose steps took longest and its mean (the collectives keep every rank
+near the same figure), and ``max_data_wait_s`` / ``max_data_wait_rank``, the rank that waited longest for its
+batches and its mean per step: a loader stall on one node shows there, and makes every rank's ``step_s`` grow.
+
+The tqdm bar (``logging.progress_bar``): ``"auto"`` shows it only when stderr is a terminal (a Slurm log would get
+a ``\r`` frame a second, tens of MB over a long run), ``true`` always, ``false`` never.
+
 MFU is model FLOPs per second over the peak: the FLOPs per token are counted for the layers as applied
 (``trainer/flops.py``: ALBERT's shared layer once per application, ELECTRA's generator and discriminator, every head
 the forward computes), attention for the rows as computed: each packed sample's or padded row's real length squared,
@@ -20,6 +33,7 @@ import json
 import math
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -163,7 +177,7 @@ class MetricsLogger:
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1)
-        if cfg.progress_bar:
+        if show_progress_bar(cfg.progress_bar):
             from tqdm import tqdm
             self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
                             mininterval=1.0)
@@ -183,7 +197,8 @@ class MetricsLogger:
     def log(self, step: int, record: dict, split: str = "train") -> None:
         if not self.enabled:
             return
-        record = {"step": step, **({"split": split} if split != "train" else {}), **record}
+        record = {"step": step, **({"split": split} if split != "train" else {}), "time": round(time.time(), 3),
+                  **record}
         data = (json.dumps(json_safe(record), allow_nan=False) + "\n").encode("utf-8")
         try:
             while data:
@@ -214,6 +229,21 @@ class MetricsLogger:
                 self.writer.close()  # flushes: on a full disk this raises again, after the file below is closed
         finally:
             self.jsonl.close()
+
+
+def show_progress_bar(setting, stream=None) -> bool:
+    """``logging.progress_bar``: True / "true" / "on" force the bar, False / "false" / "off" hide it, "auto" (or
+    None) shows it when ``stream`` (stderr, where tqdm draws) is a terminal."""
+    if isinstance(setting, str):
+        setting = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}.get(
+            setting.strip().lower(), None)
+    if setting is None:
+        stream = sys.stderr if stream is None else stream
+        try:
+            return bool(stream.isatty())
+        except (AttributeError, ValueError):  # a replaced or closed stream
+            return False
+    return bool(setting)
 
 
 def _named(err: OSError, path: Path) -> OSError:

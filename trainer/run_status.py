@@ -35,14 +35,26 @@ def last_step() -> int:
 
 
 def write_status(run_dir: str | Path, rank: int, status: str, step: int, message: str = "",
-                 fence: Callable[[], None] | None = None) -> None:
+                 fence: Callable[[], None] | None = None, total_steps: int | None = None,
+                 every_s: float | None = None) -> None:
     """RUN_DIR/status.json: what the last run of this folder did (for job scripts whose launcher masks exit codes).
     Written by rank 0 only, atomically, after ``fence()`` (the run lock's ownership check: it raises when another
     launch owns the folder now). A failed write raises: callers say so rather than leave a stale status.
 
-    Statuses: ``running`` (at start, and again at each checkpoint save with its step), ``completed``, ``stopped``,
-    ``preempted``, ``nonfinite``, ``disk_full``, ``failed`` (the last completed step, or -1 when it failed before
-    training state existed)."""
+    Statuses: ``running`` (at start, again at each logging step (``logging.every_steps``) and at each checkpoint
+    save, with its step), ``completed``, ``stopped``, ``preempted``, ``nonfinite``, ``disk_full``, ``failed`` (the
+    last completed step, or -1 when it failed before training state existed).
+
+    Fields: ``status``, ``step``, ``message``, ``time`` (unix seconds of the write); from the loop also
+    ``total_steps`` (train.steps) and, on logging steps, ``every_s`` (wall seconds of the last logging interval,
+    checkpoint saves and evaluations in it included).
+
+    Liveness rule: nothing rewrites a ``running`` status when every rank has been killed (SIGKILL, a lost node) or
+    the run hangs, so a ``running`` status is only live while it is fresh. It is rewritten at least once per logging
+    interval plus any checkpoint save or evaluation in it: treat it as hung or dead when ``now - time`` exceeds
+    several intervals, e.g. ``max(3 * every_s, every_s + longest save seen, 600)`` seconds (the first interval after
+    a start or resume also covers start-up and the data index, so allow it the floor). A status without ``every_s``
+    (written at start or by a save) is judged by the same rule with the previous value or the floor."""
     if step >= 0:
         note_step(step)
     if rank != 0:
@@ -52,5 +64,10 @@ def write_status(run_dir: str | Path, rank: int, status: str, step: int, message
     path = Path(run_dir) / "status.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"status": status, "step": step, "message": message, "time": time.time()}))
+    record = {"status": status, "step": step, "message": message, "time": time.time()}
+    if total_steps is not None:
+        record["total_steps"] = total_steps
+    if every_s is not None:
+        record["every_s"] = round(every_s, 3)
+    tmp.write_text(json.dumps(record))
     tmp.replace(path)
