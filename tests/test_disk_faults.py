@@ -193,7 +193,10 @@ def test_a_cut_last_line_of_metrics_jsonl_is_dropped_before_appending(tmp_path, 
     m.log(2, {"loss": 2.25})
     m.close()
     lines = path.read_text().splitlines()
-    assert [json.loads(x) for x in lines] == [{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.25}]
+    # (every new record also says when it was logged: "time", unix seconds)
+    assert [{k: v for k, v in json.loads(x).items() if k != "time"} for x in lines] == [
+        {"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.25}]
+    assert "time" in json.loads(lines[1])
     assert f"{path} ended in a cut line" in capsys.readouterr().out
     m = MetricsLogger(tmp_path, cfg, rank=0, total_steps=4, start_step=2)  # a whole file: left as it is, nothing said
     m.close()

@@ -19,6 +19,17 @@ def test_a_collective_that_lost_its_peer_points_at_the_other_ranks(message):
     assert hint.startswith("another rank most likely failed first") and "that rank's output" in hint
 
 
+@pytest.mark.parametrize("message", [
+    "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 15000ms for recv operation to "
+    "complete",  # what tests/test_hang_timeout.py's stuck rank gives rank 0
+    "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, Timeout(ms)=600000)",
+])
+def test_a_collective_timeout_says_another_rank_stopped_responding(message):
+    hint = peer_failure_hint(RuntimeError(message))
+    assert hint.startswith("a collective timed out (deepspeed.timeout_minutes): another rank most likely stopped "
+                           "responding") and "data_wait_s" in hint
+
+
 def test_a_rank_s_own_failure_gets_no_hint():
     assert peer_failure_hint(ValueError("model.vocab_size: 30000 is smaller than the tokenizer's 30522")) == ""
     assert peer_failure_hint(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) == ""

@@ -89,3 +89,4 @@ def test_stopped_rank_fails_the_others_after_the_timeout(tmp_path):
     assert "rank 0: training failed" in out and "Timed out" in out, out[-4000:]
     status = json.loads(status_file.read_text())
     assert status["step"] == 2, status
+    assert status["message"].startswith("a collective timed out (deepspeed.timeout_minutes)"), status

@@ -72,3 +72,17 @@ def test_progress_bar_is_off_in_a_log_file_unless_forced(tmp_path, monkeypatch):
                 for s in ("auto", True, False)}
     assert bars["auto"] is None and bars[True] is not None and bars[False] is None
     assert show_progress_bar("auto", Tty())
+
+
+def test_the_default_progress_bar_is_auto_and_a_resolved_config_with_true_still_loads():
+    """Every recipe's default is auto (the bar only on a terminal: the Slurm templates' job logs are files); a run's
+    config.json written before holds true and resumes with the bar forced, as it ran."""
+    import json
+
+    from trainer.config import config_from_dict, load_config
+
+    cfg = load_config("roberta_large", ["model.vocab_size=1024", "model.pad_token_id=1"])
+    assert cfg.logging.progress_bar == "auto"
+    resolved = json.loads(cfg.model_dump_json())
+    resolved["logging"]["progress_bar"] = True
+    assert config_from_dict(resolved).logging.progress_bar is True

@@ -146,7 +146,8 @@ def test_second_launch_is_refused_while_the_first_lives_and_takes_over_after_kil
     env = dict(os.environ, OMP_NUM_THREADS="1")
     endless = make_config(tmp_path, "run", train={"steps": 1_000_000, "global_batch_size": 8, "micro_batch_size": 2,
                                                   "eval_every": 0, "eval_batches": 2},
-                          checkpoint={"every_steps": 0, "keep_last": 2, "save_at_end": False})
+                          checkpoint={"every_steps": 0, "keep_last": 2, "save_at_end": False},
+                          schedule={"kind": "constant", "warmup_steps": 0})  # endless: a decay would end at lr 0
     run_dir = tmp_path / "run"
     first = subprocess.Popen(command(endless, 1), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
@@ -186,7 +187,8 @@ def test_a_run_whose_lock_is_taken_over_stops_on_every_rank_and_writes_nothing_m
 
     config = make_config(tmp_path, "run", train={"steps": 1_000_000, "global_batch_size": 8, "micro_batch_size": 2,
                                                  "eval_every": 0, "eval_batches": 2},
-                         checkpoint={"every_steps": 0, "keep_last": 2, "save_at_end": True, "lock_stale_s": 3})
+                         checkpoint={"every_steps": 0, "keep_last": 2, "save_at_end": True, "lock_stale_s": 3},
+                         schedule={"kind": "constant", "warmup_steps": 0})  # endless: a decay would end at lr 0
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(command(config, 2), cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -426,7 +428,8 @@ def test_a_run_whose_heartbeat_thread_dies_stops(tmp_path):
     from test_trainer_multiproc import TIMEOUT, make_config
 
     cfg = make_config(tmp_path, "run", train={"steps": 1_000_000, "eval_every": 0},
-                      checkpoint={"every_steps": 0, "save_at_end": False, "lock_stale_s": 3})
+                      checkpoint={"every_steps": 0, "save_at_end": False, "lock_stale_s": 3},
+                      schedule={"kind": "constant", "warmup_steps": 0})  # endless: a decay would end at lr 0
     worker = REPO / "tests" / "fault_worker.py"
     proc = subprocess.run([sys.executable, str(worker), "--config", str(cfg), "--resume", "none"], cwd=REPO,
                           env=dict(os.environ, OMP_NUM_THREADS="1", BERTFAMILY_TEST_HEARTBEAT_FAILS_AFTER="3"),

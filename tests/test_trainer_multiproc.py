@@ -330,7 +330,8 @@ def test_preemption_signal_saves_and_exits_for_requeue(tmp):
     """Under mpirun: SIGUSR1 to ONE rank; both agree (all-reduced flag), save at the next step boundary, exit 75.
     Then the same command with train.stop_at_step at the saved step: a successful mpirun launch exits 0 (each rank
     finalizes the MPI that DeepSpeed's discovery initialised; without it mpirun reports 1)."""
-    cfg = make_config(tmp, "preempt", train={"steps": 400}, checkpoint={"every_steps": 0})
+    cfg = make_config(tmp, "preempt", train={"steps": 400}, checkpoint={"every_steps": 0},
+                      schedule={"decay_steps": None})  # (BASE's decay ends at step 8: refused for a longer run)
     proc = subprocess.Popen(command(cfg, 2, launcher="mpirun"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, cwd=REPO)
     try:
@@ -430,7 +431,7 @@ def test_the_checkpoint_before_a_streak_survives_saves_during_it_across_launches
     protected while the streak is open, and C's message names it."""
     cfg = make_config(tmp, "streak", train={"steps": 20, "max_nonfinite_in_a_row": 3, "stop_at_step": 5,
                                              "eval_every": 0},
-                      checkpoint={"every_steps": 4, "keep_last": 1},
+                      checkpoint={"every_steps": 4, "keep_last": 1}, schedule={"decay_steps": None},
                       deepspeed={"config": str(REPO / "ds_configs" / "zero0.json")})
     root = tmp / "streak" / "checkpoints"
     run(cfg, 1, expect=0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Literal
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
@@ -84,7 +85,9 @@ class LoggingConfig(_Section):
     every_steps: int = Field(default=10, gt=0)
     """Console, TensorBoard and metrics.jsonl get one record every N steps."""
     tensorboard: bool = True
-    progress_bar: bool = True
+    progress_bar: bool | Literal["auto"] = "auto"
+    """The tqdm bar on rank 0's stderr: auto = only when stderr is a terminal (a Slurm job log got ~40 MB of bar
+    frames over 500k steps), true forces it, false hides it."""
     peak_tflops: float | None = Field(default=None, gt=0)
     """Per-rank peak for MFU. None = measure a fp32 matmul on this device once at start-up (~0.3 s)."""
 

@@ -106,6 +106,7 @@ def disk_full_line(cfg: RunConfig, err: BaseException) -> str:
     return disk_full_elsewhere_message(err, candidates, last)
 
 
+_TIMED_OUT = ("Timed out waiting", "timed out after", "Watchdog caught collective operation timeout")
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote process exited",
               "NCCL communicator was aborted", "ProcessGroupNCCL's watchdog", "Broken pipe", "recvBytes", "sendBytes")
 
@@ -115,6 +116,11 @@ def peer_failure_hint(err: BaseException) -> str:
     (a loader worker killed by the OOM killer on rank 17), its error names gloo or NCCL, not the cause. Said first,
     so the job's status points at the other ranks' output."""
     text = f"{type(err).__name__}: {err}"
+    if any(mark in text for mark in _TIMED_OUT):  # gloo's and NCCL's words: neither names the rank it waited for
+        return ("a collective timed out (deepspeed.timeout_minutes): another rank most likely stopped responding "
+                "(hung in a kernel, a driver call or storage, stopped, or its node is gone); the rank whose output "
+                "ends without an error, or whose metrics show the longest data_wait_s/step_s, is the one to look at. "
+                "This rank's error: ")
     if any(mark in text for mark in _PEER_GONE):
         return ("another rank most likely failed first (this rank's collective lost its peer): its own error is in "
                 "that rank's output (torchrun --tee / the job log per rank). This rank's error: ")

@@ -382,7 +382,7 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
            f"accumulation {grad_accum} x {world_size} ranks = {cfg.train.global_batch_size} sequences per step")
     from trainer.run_banner import start_banner
     print0(start_banner(cfg, comps.model, precision(cfg, ds_config), state.step))
-    write_status(cfg.run_dir, rank, "running", state.step, fence=fence)
+    write_status(cfg.run_dir, rank, "running", state.step, fence=fence, total_steps=cfg.train.steps)
     downstream = None
     if cfg.eval.downstream:
         from trainer.finetune.downstream import DownstreamLauncher
