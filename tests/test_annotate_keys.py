@@ -182,3 +182,26 @@ def test_a_largely_traditional_shard_is_warned_about_with_counts(tok, tmp_path, 
         else:
             assert stats["traditional_chars"] == 0
             assert "traditional-only" not in err and "largely traditional" not in out
+
+
+def test_a_side_car_cache_entry_of_the_older_code_does_not_let_an_unkeyed_side_car_through(tok, tmp_path,
+                                                                                           monkeypatch):
+    """The side-car check runs when the cache entry is built; the older code's entry (version 2, built without the
+    content check) was a hit for the same manifest, so an unkeyed side-car passed start-up and failed in a loader
+    worker at the first batch, after the model and DeepSpeed were up (found by the diff review). Version 3: the older
+    entry is not read; the check refuses at start. The older entry is made here by the check as the older code ran it
+    (check_content a no-op, version 2)."""
+    from trainer.ernie import sidecars
+
+    src = tmp_path / "zh.txt"
+    src.write_text(_text(False), encoding="utf-8")
+    prefix = tmp_path / "c" / "zh"
+    assert _build(src, tok, prefix, "--annotate", "jieba") == 0
+    _unkey(prefix, len(mf.read_manifest(prefix)["shards"]))
+    with monkeypatch.context() as m:
+        m.setattr(sidecars, "SIDECAR_CACHE_VERSION", 2)
+        m.setattr(sidecars, "check_content", lambda *a: None)
+        _corpus_spans(prefix, tmp_path / "cache")  # the older code's entry
+    assert len(list((tmp_path / "cache").glob("sidecars-*.bfc"))) == 1
+    with pytest.raises(ValueError, match=r"no shard checksum.*--keep-complete"):
+        _corpus_spans(prefix, tmp_path / "cache")

@@ -198,3 +198,15 @@ def test_a_launch_with_a_recipes_placeholder_path_still_missing_stops_before_sta
     err = capsys.readouterr().err
     assert "error: objective.options.dlm.path=data/dialogues.jsonl: no such file" in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_users_recipe_on_a_shipped_base_passes_what_it_inherits_and_not_what_it_writes(tmp_path):
+    """A file with `base: bert_base_phase1` and a linear schedule inherits the base's power 0.5: refused before, with
+    "remove it" for a key the file does not have (and so at the next launch of a run in flight started with it;
+    found by the diff review). A power the file writes itself is still refused."""
+    mine = tmp_path / "my_bert.yaml"
+    mine.write_text("base: bert_base_phase1\nschedule: {kind: linear}\n")
+    assert load_config(str(mine), NUMS).schedule.power == 0.5
+    mine.write_text("base: bert_base_phase1\nschedule: {kind: linear, power: 2.0}\n")
+    with pytest.raises(ConfigError, match=r"schedule\.power=2\.0 has no effect under schedule\.kind=linear"):
+        load_config(str(mine), NUMS)

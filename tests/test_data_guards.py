@@ -492,3 +492,23 @@ def test_sop_pair_without_swaps_reads_one_sentence_documents_as_one_segment_rows
         assert single_rows == want_singles
         if negative == 0.0:
             assert {t for doc in docs for s in doc for t in s} <= seen  # every token of every document read
+
+
+def test_the_reading_note_of_an_ernie_dataset_counts_only_the_steps_that_read_the_corpus():
+    """ERNIE's DLM steps (every k-th) take no corpus sample: the note counted them (ernie_base's dlm.every 4 said
+    1.33x the epochs it reads; found by the diff review). A dataset's corpus_samples is what positions [0, n) read,
+    checked here against the steps it calls corpus steps."""
+    from trainer.ernie.data import ErnieCorpusBase
+
+    class Every4(ErnieCorpusBase):  # the DLM schedule of KnowledgeMaskedDataset, without building one
+        def __init__(self):
+            self.global_batch = 8
+
+        def corpus_steps_before(self, step):
+            return step - step // 4
+
+    ds = Every4()
+    assert ds.corpus_samples(0) == 0
+    assert ds.corpus_samples(8 * 100) == 8 * 75  # 25 of 100 steps are DLM steps
+    assert ds.corpus_samples(8 * 3 + 5) == 8 * 3  # step 3 (the 4th) is a DLM step: its 5 positions read nothing
+    assert ds.corpus_samples(8 * 4 + 5) == 8 * 3 + 5

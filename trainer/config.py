@@ -25,7 +25,8 @@ from trainer.config_checks import (downstream_problem, ignored_setting_problem, 
 from trainer.config_error import ConfigError  # noqa: F401 (defined apart, re-exported here: see that module)
 from trainer.config_sets import apply_override  # (also re-exported: trainer.config.apply_override)
 from trainer.config_sections import DeepSpeedConfig, _Section  # noqa: F401 (re-exported)
-from trainer.recipe_files import RECIPES_DIR, _read_yaml, resolve_recipe  # noqa: F401 (re-exported)
+from trainer.recipe_files import (RECIPES_DIR, _read_yaml, inherited_values,  # noqa: F401 (re-exported)
+                                  resolve_recipe)
 from trainer.data.config import DataConfig
 from trainer.ds_json import ds_config_path, grad_accum_problem, offload_problem, precision, read_ds_json
 from trainer.finetune.downstream import EvalConfig
@@ -229,8 +230,11 @@ def load_config(path_or_name: str, overrides: list[str] | tuple[str, ...] = (),
     """Read, merge, override and validate a run config; ``world_size`` also checks the batch arithmetic."""
     path = resolve_recipe(path_or_name)
     raw = _read_yaml(path)
-    # a shipped recipe's own values, before the overrides: its placeholder paths pass (config_checks.path_problem)
-    shipped = copy.deepcopy(raw) if path.parent == RECIPES_DIR else None
+    # a shipped recipe's own values, before the overrides: its placeholder paths pass (config_checks.path_problem),
+    # its settings do under a kind or optimizer overridden (ignored_setting_problem); a user's file passes what it
+    # inherits through `base:` (it did not write them: a `base: bert_base_phase1` file with kind linear was refused
+    # for the base's power 0.5, with "remove it" for a key the file does not have; found by the diff review)
+    shipped = copy.deepcopy(raw) if path.parent == RECIPES_DIR else inherited_values(path)
     for override in overrides:
         apply_override(raw, override)
     raw.setdefault("recipe", path.stem)

@@ -48,3 +48,14 @@ def deep_merge(base: dict, over: dict) -> dict:
         else:
             out[key] = value
     return out
+
+
+def inherited_values(path: Path) -> dict | None:
+    """What the config file ``path`` inherits through its ``base:`` chain (merged), without its own values: None
+    when it names no base (a run's config.json, a file written whole)."""
+    try:
+        own = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return None  # _read_yaml has said what is wrong with it already
+    base = own.get("base") if isinstance(own, dict) else None
+    return _read_yaml(resolve_recipe(base)) if isinstance(base, str) else None

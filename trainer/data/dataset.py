@@ -158,8 +158,14 @@ class PretrainingDataset:
                     f"{self.corpora[c].prefix} ({len(builder.index):,} samples) {epochs:,} times, more than the {MAX_EPOCHS:,} epochs a "
                     "sample key numbers; lower train.steps or use a larger corpus")
 
+    def corpus_samples(self, total_samples: int) -> int:
+        """Corpus samples read by stream positions ``[0, total_samples)``: all of them here; ERNIE's datasets take
+        none on their DLM and labelled-pair steps (trainer/ernie/data.py overrides this)."""
+        return int(total_samples)
+
     def epochs_read(self, total_samples: int) -> list[float]:
         """How many times positions ``[0, total_samples)`` of the stream read each corpus (its samples per epoch)."""
+        total_samples = self.corpus_samples(total_samples)
         if len(self.builders) == 1:
             return [int(total_samples) / len(self.builders[0].index)]
         reps, rest = divmod(int(total_samples), self.blend.period)
@@ -172,12 +178,14 @@ class PretrainingDataset:
         a wrong data.corpora (a sample or debug corpus on a production launch) otherwise trained for days with nothing
         in the log to show it (found by review). A warning when a corpus is read more than ``MANY_EPOCHS`` times."""
         lines, epochs = [], self.epochs_read(total_samples)
+        read = self.corpus_samples(total_samples)
+        which = ("train.steps x train.global_batch_size" if read == int(total_samples) else
+                 "train.steps x train.global_batch_size, less the steps that read no corpus")
         for c, (builder, n) in enumerate(zip(self.builders, epochs)):
             share = f", blend weight {self.blend.weights[c]:.3g}" if len(self.builders) > 1 else ""
             lines.append(f"data: {self.corpora[c].prefix}: {len(builder.index):,} samples per epoch "
                          f"({self.cfg.format}, rows of up to {self.cfg.max_seq_length} tokens{share}); "
-                         f"{int(total_samples):,} samples in all (train.steps x train.global_batch_size) read it "
-                         f"{n:,.2f} times")
+                         f"{read:,} samples in all ({which}) read it {n:,.2f} times")
             if n > MANY_EPOCHS:
                 lines.append(f"warning: {self.corpora[c].prefix} is read {n:,.0f} times, more than {MANY_EPOCHS}: is "
                              "data.corpora the production corpus (not a sample or debug build)? RoBERTa read its "

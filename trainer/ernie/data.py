@@ -130,6 +130,13 @@ class ErnieCorpusBase(PretrainingDataset):
         row["token_type_ids"] = np.zeros(len(ids), np.int64)
         return row, start, end
 
+    def corpus_samples(self, total_samples: int) -> int:
+        """Corpus samples read by the first ``total_samples`` positions: the steps that read no corpus (DLM,
+        labelled pairs: ``corpus_steps_before``) take none (the reading note at start counts what the corpus gives)."""
+        steps, rest = divmod(int(total_samples), self.global_batch)
+        return self.corpus_steps_before(steps) * self.global_batch + (rest if self.corpus_steps_before(steps + 1)
+                                                                       > self.corpus_steps_before(steps) else 0)
+
 
 class KnowledgeMaskedDataset(ErnieCorpusBase):
     """ERNIE 1.0: corpus rows knowledge-masked at the level of their step; every ``dlm.every``-th step a DLM batch."""

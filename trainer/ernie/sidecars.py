@@ -34,7 +34,9 @@ from data_prep.sidecar import SidecarReader, content_mismatch, header_record
 from trainer.data.cache_file import CacheWriter, ensure, settings_hash
 from trainer.data.open_maps import OpenShards
 
-SIDECAR_CACHE_VERSION = 2  # 2: keyed by header_record (the manifest's record of each side-car)
+SIDECAR_CACHE_VERSION = 3  # 2: keyed by header_record (the manifest's record of each side-car); 3: entries are
+# built only past check_content (the shard's bin_sha256): an entry of version 2 was a hit for a side-car the
+# new check refuses, which then failed in a loader worker at the first batch instead of at start
 
 
 def recorded(corpus) -> bool:
