@@ -323,15 +323,17 @@ def annotate_corpus(prefix: str | Path, spec: str, progress: bool = True, worker
     spec is checked first, so a bad spec fails before any worker starts."""
     from data_prep.manifest import manifest_path, read_manifest, tokenizer_dir
 
-    manifest = read_manifest(prefix)
-    make_annotator(spec)
-    root = manifest_path(prefix).parent
-    tok_dir = str(tokenizer_dir(prefix))
-    shards = manifest["shards"]
-    mine = [i for i in range(len(shards)) if i % size == rank]
     notes: Counter = Counter()
-    status, made, kept = "ok", {}, {}
+    status, made, kept, shards = "ok", {}, {}, []
     try:
+        # in the try: a rank that cannot read these (a node-local jieba:userdict=PATH, a manifest on a filesystem one
+        # node lacks) says so through the gather instead of exiting while the others wait there (found by review)
+        manifest = read_manifest(prefix)
+        make_annotator(spec)
+        root = manifest_path(prefix).parent
+        tok_dir = str(tokenizer_dir(prefix))
+        shards = manifest["shards"]
+        mine = [i for i in range(len(shards)) if i % size == rank]
         kept = complete_sidecars(prefix, spec, mine, notes) if keep_complete else {
             i: h for i, h in (existing or {}).items() if i in mine}
         made = _annotate_share(prefix, spec, mine, shards, root, tok_dir, workers, progress and rank == 0, kept)

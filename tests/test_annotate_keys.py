@@ -205,3 +205,24 @@ def test_a_side_car_cache_entry_of_the_older_code_does_not_let_an_unkeyed_side_c
     assert len(list((tmp_path / "cache").glob("sidecars-*.bfc"))) == 1
     with pytest.raises(ValueError, match=r"no shard checksum.*--keep-complete"):
         _corpus_spans(prefix, tmp_path / "cache")
+
+
+def test_a_rank_that_cannot_read_its_jieba_dictionary_says_so_through_the_gather(tok, tmp_path):
+    """Under MPI every rank annotates its share; a rank whose jieba:userdict is missing on its node raised before the
+    gather and exited while the other ranks waited in it (a hang under srun; found by the diff review). It now
+    reaches the gather with its error, which every rank raises. The gather here is a stand-in for mpi4py's (the
+    other rank answered ok): tests/test_annotate_mpi.py runs the real one."""
+    src = tmp_path / "zh.txt"
+    src.write_text(_text(False, 20), encoding="utf-8")
+    prefix = tmp_path / "c" / "zh"
+    assert _build(src, tok, prefix) == 0
+    gathered = []
+
+    def allgather(obj):
+        gathered.append(obj)
+        return [("ok", {}, {}, {}), obj]
+
+    with pytest.raises(ValueError, match=r"annotation failed on rank 1: .*nope\.txt"):
+        annotate.annotate_corpus(prefix, f"jieba:userdict={tmp_path / 'nope.txt'}", workers=1, progress=False,
+                                 rank=1, size=2, allgather=allgather)
+    assert len(gathered) == 1 and gathered[0][0].startswith("rank 1: ")
