@@ -364,7 +364,7 @@ def test_nan_guard_skips_then_stops_with_a_clear_message(tmp):
     last one saved before it (step 3) to resume from."""
     cfg = make_config(tmp, "nan", objective={"options": {"nan_after_step": 3}},
                       train={"steps": 20, "max_nonfinite_in_a_row": 3}, checkpoint={"every_steps": 1, "keep_last": 10},
-                      deepspeed={"config": str(REPO / "ds_configs" / "zero0.json")})
+                      schedule={"decay_steps": None}, deepspeed={"config": str(REPO / "ds_configs" / "zero0.json")})
     proc = run(cfg, 1, expect=3)
     out = proc.stdout + proc.stderr
     assert "stopping at step 6" in out and "optim.lr" in out
@@ -414,7 +414,7 @@ def test_a_nan_streak_cut_by_the_end_of_a_launch_goes_on_counting_after_the_resu
     Before, the count restarted at the resume and the run went on to step 8 (review)."""
     cfg = make_config(tmp, "nan_cut", objective={"options": {"nan_after_step": 3}},
                       train={"steps": 20, "max_nonfinite_in_a_row": 3, "stop_at_step": 5},
-                      checkpoint={"every_steps": 2, "keep_last": 2},
+                      checkpoint={"every_steps": 2, "keep_last": 2}, schedule={"decay_steps": None},
                       deepspeed={"config": str(REPO / "ds_configs" / "zero0.json")})
     run(cfg, 1, expect=0)
     from trainer.checkpoint import read_state
@@ -463,10 +463,10 @@ def test_a_save_updates_the_running_status(tmp_path, monkeypatch):
 
     monkeypatch.setattr(checkpoint, "save", lambda *a, **k: tmp_path / "checkpoints" / "global_step6")
     cfg = SimpleNamespace(run_dir=str(tmp_path), checkpoint=SimpleNamespace(dir=None, keep_last=2),
-                          model_dump=lambda mode: {})
+                          train=SimpleNamespace(steps=10), model_dump=lambda mode: {})
     said = []
     fake = SimpleNamespace(cfg=cfg, state=SimpleNamespace(step=6), engine=None, rank=0, world_size=1, run_id="x",
-                           fence=None, last_checkpoint=None, nonfinite_streak=0,
+                           fence=None, last_checkpoint=None, nonfinite_streak=0, save_seconds=0.0,
                            metrics=SimpleNamespace(message=said.append))
     assert Trainer.save(fake) == tmp_path / "checkpoints" / "global_step6"
     status = json.loads((tmp_path / "status.json").read_text())

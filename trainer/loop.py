@@ -518,10 +518,15 @@ class Trainer:
         self.metrics.log(self.state.step, record)
         # liveness: status.json follows the run at each record (one small atomic file on rank 0, through the lock's
         # fence; trainer/run_status.py says how a script tells a hung or dead run from it). A failed write is said,
-        # not raised (as in save: rank 0 alone leaving the loop would hang the others); the fence still raises.
+        # not raised (as in save: rank 0 alone leaving the loop would hang the others). A lost lock is not raised here
+        # either: the fence has marked it (RunLock.check sets lost), the next step's all-reduce carries it and every
+        # rank stops together with the takeover's message (raised here, rank 0 left alone and rank 1 died in its next
+        # collective with "Connection reset by peer": tests/test_run_lock.py)
         try:
             write_status(self.cfg.run_dir, self.rank, "running", self.state.step, fence=self.fence,
                          total_steps=self.cfg.train.steps, every_s=record["window_s"])
+        except RunLockLostError:
+            pass
         except OSError as err:
             self.metrics.message(f"warning: could not update {self.cfg.run_dir}/status.json at step "
                                  f"{self.state.step}: {err}")

@@ -403,8 +403,11 @@ class RunLock:
         return info is not None and info.get("token") == self.token
 
     def check(self) -> None:
-        """The fence before a write into the folder: raises ``RunLockLostError`` unless the lock is still ours."""
+        """The fence before a write into the folder: raises ``RunLockLostError`` unless the lock is still ours. The
+        first to see a takeover (this fence, or the heartbeat thread) says who holds the folder now."""
         if self.lost or not self.owns():
+            if not self.lost:
+                self._say_taken_over(self._read())
             self.lost = True
             raise RunLockLostError(f"this run no longer holds {self.path} (another launch took over the folder): "
                                    "it writes nothing more there")
@@ -426,11 +429,9 @@ class RunLock:
             while not self._stop.wait(self.interval_s):
                 current = self._read()
                 if current is None or (current and current.get("token") != self.token):
+                    if not self.lost:  # (the fence may have seen it first, and said so)
+                        self._say_taken_over(current)
                     self.lost = True
-                    held_by = describe(current) if current else "nobody: the lock file was removed"
-                    print(f"error: the lock of {self.path.parent} was taken over by another launch ({held_by}) "
-                          f"while this run is alive: this run's heartbeats stalled for > {self.stale_s:g} s?",
-                          file=sys.stderr, flush=True)
                     return
                 try:
                     self._write_heartbeat()
@@ -444,6 +445,11 @@ class RunLock:
             print(f"error: {self.heartbeat_error}; the run stops (a launch would otherwise take the folder over "
                   f"within {self.STALE_SETTING} = {self.stale_s:g} s while this run still writes to it)",
                   file=sys.stderr, flush=True)
+
+    def _say_taken_over(self, current: dict | None) -> None:
+        held_by = describe(current) if current else "nobody: the lock file was removed"
+        print(f"error: the lock of {self.path.parent} was taken over by another launch ({held_by}) while this run is "
+              f"alive: this run's heartbeats stalled for > {self.stale_s:g} s?", file=sys.stderr, flush=True)
 
     def release(self) -> None:
         self._stop.set()
