@@ -512,3 +512,28 @@ def test_the_reading_note_of_an_ernie_dataset_counts_only_the_steps_that_read_th
     assert ds.corpus_samples(8 * 100) == 8 * 75  # 25 of 100 steps are DLM steps
     assert ds.corpus_samples(8 * 3 + 5) == 8 * 3  # step 3 (the 4th) is a DLM step: its 5 positions read nothing
     assert ds.corpus_samples(8 * 4 + 5) == 8 * 3 + 5
+
+
+def test_a_short_blend_period_that_rounds_the_weights_is_warned_about(tmp_path, capsys):
+    """data.blend_period=7 with weights 0.5/0.3/0.2 gives 3/2/2 slots (0.43/0.29/0.29: the third corpus gets 43 % more
+    than asked), and the note printed the weights as asked (found by the mixtures review). The default period's
+    shares are the weights to 1e-6: no warning."""
+    from types import SimpleNamespace
+
+    from trainer.data.config import DataConfig
+    from trainer.data.dataset import PretrainingDataset
+
+    prefixes = [write_shards([[[5 + d % 50, 6, 7], [9, 10]] for d in range(40)], tmp_path / f"c{i}", 100)
+                for i in range(3)]
+    tok = SimpleNamespace(pad_id=0, cls_id=1, sep_id=2, mask_id=3, vocab_size=100, special_ids=[0, 1, 2, 3])
+
+    def note(period):
+        cfg = DataConfig(corpora=[{"prefix": str(p), "weight": w} for p, w in zip(prefixes, (0.5, 0.3, 0.2))],
+                         format="doc-sentences", max_seq_length=16, cache_dir=str(tmp_path / "cache"), num_workers=0,
+                         blend_period=period)
+        return PretrainingDataset(cfg, tok, seed=1).reading_note(1000)
+
+    warn = [line for line in note(7) if line.startswith("warning: data.blend_period=7 rounds")]
+    assert len(warn) == 1 and f"{prefixes[0]} gets 0.4286 of the samples for its weight 0.5" in warn[0] \
+        and f"{prefixes[2]} gets 0.2857" in warn[0], warn
+    assert not any(line.startswith("warning: data.blend_period") for line in note(1_000_000))

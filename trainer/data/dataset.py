@@ -90,6 +90,7 @@ def check_same_tokenizer(cfg: DataConfig) -> None:
                 f"data_prep.build_indexed --tokenizer DIR ...), or leave the other one out")
 
 
+BLEND_TOLERANCE = 0.01  # reading_note warns when a corpus's share of the blend is off its weight by more
 MANY_EPOCHS = 200  # reading_note warns above this: the papers' recipes read their corpora ~40-80 times
 MAX_EPOCHS = 1 << 24  # epochs a sample key can number (sample_key)
 
@@ -190,6 +191,15 @@ class PretrainingDataset:
                 lines.append(f"warning: {self.corpora[c].prefix} is read {n:,.0f} times, more than {MANY_EPOCHS}: is "
                              "data.corpora the production corpus (not a sample or debug build)? RoBERTa read its "
                              "160 GB ~40 times, BERT its 16 GB ~40 times")
+        if len(self.builders) > 1:  # the blend's slots per period round the weights: a short period misses them
+            actual = self.blend.per_period / self.blend.period
+            off = [c for c in range(len(self.builders))
+                   if abs(actual[c] - self.blend.weights[c]) > BLEND_TOLERANCE * self.blend.weights[c]]
+            if off:
+                lines.append("warning: data.blend_period=" f"{self.blend.period:,} rounds the blend weights: "
+                             + ", ".join(f"{self.corpora[c].prefix} gets {actual[c]:.4g} of the samples for its weight "
+                                         f"{self.blend.weights[c]:.4g}" for c in off)
+                             + "; raise data.blend_period (default 1,000,000) for the weights as given")
         return lines
 
     def locate(self, position: int) -> tuple[int, int, int]:
