@@ -37,6 +37,7 @@ import torch.distributed as dist
 from trainer.disk_space import (DiskFullError, disk_full_message, folder_bytes,  # noqa: F401  (used as checkpoint.*)
                                 is_disk_full, warn_if_short_of_space)
 from trainer import safe_load
+from trainer.data_changes import saved_record
 from trainer.checkpoint_files import (ABANDONED, FORMAT, FORMAT_VERSION, LATEST, STATE_FILE, UNIVERSAL, _TAG,  # noqa: F401
                                       CheckpointStateError, _atomic_write_text, _instead, _saved_run_id,  # (re-exported)
                                       complete_checkpoints, find_latest, is_complete, read_state, step_of, tag_for)
@@ -272,7 +273,9 @@ def save(engine, root: Path, state: TrainState, config: dict, rank: int, world_s
                       "consumed_samples": state.consumed_samples, "skipped_steps": state.skipped_steps,
                       "nonfinite_in_a_row": state.nonfinite_in_a_row, "before_streak": state.before_streak,
                       "world_size": world_size, "zero_stage": engine.zero_stage, "time": time.time(),
-                      "config": config}
+                      "config": config,
+                      # each corpus's manifest fingerprint, so a resume sees a rebuilt corpus (data_changes.py)
+                      "data_corpora": saved_record(config)}
             _atomic_write_text(tag_dir / STATE_FILE, json.dumps(record, indent=1))
             if fence is not None:
                 fence()

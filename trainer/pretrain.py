@@ -294,6 +294,9 @@ def _run_locked(args, cfg: RunConfig, preempt, rank: int, world_size: int, grad_
         changed = resume_field_changes(saved_config, cfg.model)
         if changed:
             print0(changed)
+    from trainer.data_changes import resume_data_notes  # a blend, corpus or sample setting changed: with counts
+    for line in resume_data_notes(resume_dir, cfg, rank):  # rank 0 also records the corpora's fingerprints
+        print0(line)
     universal = resume_dir is not None and needs_universal(resume_dir, world_size, stage)
     if universal:
         saved = checkpoint.read_state(resume_dir)

@@ -174,6 +174,15 @@ class Blend:
         c = int(self.corpus[slot])
         return c, rep * int(self.per_period[c]) + int(self.local[slot])
 
+    def read_before(self, position: int) -> np.ndarray:
+        """int64 [corpora]: how many of positions ``[0, position)`` each corpus gives, i.e. where each corpus's own
+        stream stands at ``position`` (the local position it reads next). Exact, O(period) at most: whole periods,
+        then the slots of the last one. A resume with other weights compares two blends here (data_changes.py)."""
+        if self.corpus is None:
+            return np.array([int(position)], np.int64)
+        reps, rest = divmod(int(position), self.period)
+        return reps * self.per_period + np.bincount(self.corpus[:rest], minlength=len(self.weights)).astype(np.int64)
+
     def __getstate__(self):
         return {"weights": self.weights, "period": self.period}
 
