@@ -1,6 +1,6 @@
 """jieba annotation with its HMM on (``--annotate jieba``, the baseline) and off (``jieba:hmm=off``) on real Chinese.
 
-    python bench/annotate.py [--corpus /work/shared/corpora/zh_fortunes.txt] [--simplified-kb 300] [--traditional-kb 3]
+    python bench/annotate.py [--corpus tests/data/zh_classical.txt] [--simplified-kb 300] [--traditional-kb 3]
 
 The corpus's documents are split by data_prep.annotators.count_traditional into simplified ones (under 1% of their CJK
 characters traditional-only forms) and traditional ones (over 5%: in zh_fortunes the Book of Songs and other classical
@@ -51,7 +51,7 @@ def run(spec: str, lines: list[str]) -> tuple[float, list]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--corpus", type=Path, default=Path("/work/shared/corpora/zh_fortunes.txt"))
+    p.add_argument("--corpus", type=Path, default=REPO / "tests" / "data" / "zh_classical.txt")  # in the repo
     p.add_argument("--simplified-kb", type=float, default=300)
     p.add_argument("--traditional-kb", type=float, default=3)
     p.add_argument("--rounds", type=int, default=2)

@@ -113,16 +113,16 @@ def run_case(recipe: str, overrides: list[str], accum: int, counter: CollectiveC
     trainer = Trainer(cfg=None, engine=engine, comps=comps, state=TrainState(), rank=torch.distributed.get_rank(),
                       world_size=world_size, grad_accum=accum, metrics=None,
                       preempt=SimpleNamespace(requested=False))
-    stream = iter(batches(model_cfg, micro, accum, 3, packed=False, padded=False,
+    stream = iter(batches(model_cfg, micro, accum, 4, packed=False, padded=False,
                           seed=torch.distributed.get_rank()))
     out = []
-    for step in range(3):
+    for step in range(4):
         counter.reset()
         counter.on = step > 0  # the first step builds DeepSpeed's buffers
-        result = trainer.train_step(stream)
+        result = trainer.train_step(stream, logs=step == 3)  # the last as a logging step: per-rank timings ride along
         counter.on = False
         if step > 0:
-            out.append(counter.snapshot())
+            out.append({**counter.snapshot(), "logs": step == 3})
     if torch.distributed.get_rank() == 0:
         print(f"{recipe} {overrides} accum {accum}: {out[-1]} loss {result.loss:.4f} "
               f"optimizer {type(engine.engine.optimizer).__name__}", flush=True)

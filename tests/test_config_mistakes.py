@@ -210,3 +210,14 @@ def test_a_users_recipe_on_a_shipped_base_passes_what_it_inherits_and_not_what_i
     mine.write_text("base: bert_base_phase1\nschedule: {kind: linear, power: 2.0}\n")
     with pytest.raises(ConfigError, match=r"schedule\.power=2\.0 has no effect under schedule\.kind=linear"):
         load_config(str(mine), NUMS)
+
+
+def test_a_users_recipe_on_a_shipped_base_still_needs_the_bases_placeholder_paths(tmp_path):
+    """Only a shipped recipe's own placeholder passes --check (every recipe must, in a checkout without data); a
+    user's file with `base: bert_base_phase2` that leaves init_from at the base's phase-1 folder is refused at --check,
+    as before the base-chain exemption (9e2d788 let it through to fail at the job's start; second diff review)."""
+    mine = tmp_path / "phase2.yaml"
+    mine.write_text(f"base: bert_base_phase2\nrun_dir: {tmp_path / 'run'}\n")
+    with pytest.raises(ConfigError, match=r"checkpoint\.init_from=runs/bert_base_phase1/checkpoints does not exist"):
+        load_config(str(mine), NUMS)
+    load_config("bert_base_phase2", NUMS)  # the shipped recipe itself: a note, not a refusal

@@ -308,7 +308,7 @@ def run_fake(tmp_path, script, fp16=True, min_loss_scale=1):
         return torch.tensor(fake.script[fake.i + 1][2]), {}
 
     trainer = Trainer(cfg=cfg, engine=engine, comps=Components(model=None, loss=loss, train_batches=batches),
-                      state=TrainState(), rank=1, world_size=1, grad_accum=1,
+                      state=TrainState(), rank=1, world_size=2, grad_accum=1,  # rank 1 of 2: writes no status or metrics
                       metrics=MetricsLogger(tmp_path, cfg.logging, 1, len(script), 0),
                       preempt=SimpleNamespace(requested=False))
     return trainer

@@ -231,22 +231,24 @@ def load_config(path_or_name: str, overrides: list[str] | tuple[str, ...] = (),
     path = resolve_recipe(path_or_name)
     raw = _read_yaml(path)
     # a shipped recipe's own values, before the overrides: its placeholder paths pass (config_checks.path_problem),
-    # its settings do under a kind or optimizer overridden (ignored_setting_problem); a user's file passes what it
-    # inherits through `base:` (it did not write them: a `base: bert_base_phase1` file with kind linear was refused
-    # for the base's power 0.5, with "remove it" for a key the file does not have; found by the diff review)
-    shipped = copy.deepcopy(raw) if path.parent == RECIPES_DIR else inherited_values(path)
+    # its settings do under a kind or optimizer overridden (ignored_setting_problem). A user's file passes the settings
+    # it inherits through `base:` (it did not write them: a `base: bert_base_phase1` file with kind linear was refused
+    # for the base's power 0.5, with "remove it" for a key the file does not have), but not the base's placeholder
+    # paths: its launch needs them as much as --check does (both found by the diff reviews)
+    shipped = copy.deepcopy(raw) if path.parent == RECIPES_DIR else None
+    inherited = shipped if shipped is not None else inherited_values(path)
     for override in overrides:
         apply_override(raw, override)
     raw.setdefault("recipe", path.stem)
-    return config_from_dict(raw, source=str(path), world_size=world_size, recipe_raw=shipped)
+    return config_from_dict(raw, source=str(path), world_size=world_size, recipe_raw=shipped, inherited=inherited)
 
 
 def config_from_dict(raw: dict, source: str = "config", world_size: int | None = None,
-                     recipe_raw: dict | None = None) -> RunConfig:
+                     recipe_raw: dict | None = None, inherited: dict | None = None) -> RunConfig:
     raw = dict(raw)
     _resolve_from_data(raw)
     # before the preset fills in every model field: only what the config itself sets can disagree
-    problem = unused_setting_problem(raw) or ignored_setting_problem(raw, recipe_raw)
+    problem = unused_setting_problem(raw) or ignored_setting_problem(raw, inherited or recipe_raw)
     if problem:  # accepted and echoed by --check, and without effect: a run trained with other values than it said
         raise ConfigError(f"{source}: {problem}")
     _resolve_model_preset(raw)

@@ -24,7 +24,7 @@ from trainer.config import RunConfig, checkpoint_dir
 from trainer.metrics import MetricsLogger
 from trainer.objectives.base import metric_parts
 from trainer.run_lock import RunLock, RunLockLostError
-from trainer.run_status import EXIT_OK, EXIT_REQUEUE, note_step, write_status
+from trainer.run_status import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, note_step, write_status
 
 if TYPE_CHECKING:  # the engine imports deepspeed; objectives build Components without it
     from trainer.engine import Engine
@@ -163,6 +163,12 @@ class Trainer:
     """Seconds spent evaluating since the last train record (logged as ``eval_s``, then reset)."""
     last_record_time: float = 0.0
     """time.time() of the last train record of this launch (0: none yet): ``window_s`` counts from it."""
+    last_every_s: float | None = None
+    """Wall seconds of the last logging interval: status.json carries it on every ``running`` write (the save's
+    too), so a script reading that file alone can apply the staleness rule (run_status.py)."""
+    saved_step: int = -1
+    """The step this launch last saved: a second ``save()`` for it (a downstream step on a periodic save) returns
+    the checkpoint without saying or timing a save again."""
 
     # --- one step -----------------------------------------------------------------------------------------------
 
@@ -307,13 +313,15 @@ class Trainer:
     def save(self) -> Path:
         """Save this step's checkpoint (returns at once if it exists). Callers check ``may_save`` first."""
         protect = Path(self.state.before_streak) if self.nonfinite_streak and self.state.before_streak else None
+        repeated = getattr(self, "saved_step", -1) == self.state.step  # (a fence read and a broadcast, no save)
         started = time.perf_counter()
         self.last_checkpoint = checkpoint.save(
             self.engine, checkpoint_dir(self.cfg), self.state, self.cfg.model_dump(mode="json"), self.rank,
             self.world_size, self.cfg.checkpoint.keep_last, run_id=self.run_id, fence=self.fence,
             protect=protect)  # (see may_save)
         seconds = time.perf_counter() - started
-        if seconds > 1e-3:  # not a repeated call for an existing checkpoint (returns at once)
+        self.saved_step = self.state.step
+        if not repeated:  # (timing it as "> 1 ms" took 0.5-7 ms repeats for saves: second diff review)
             self.save_seconds += seconds
             self.metrics.message(f"step {self.state.step}: checkpoint saved to {self.last_checkpoint} in "
                                  f"{seconds:.1f} s")
@@ -323,7 +331,7 @@ class Trainer:
         # exit 1, not 75). The run lock's fence still raises.
         try:
             write_status(self.cfg.run_dir, self.rank, "running", self.state.step, fence=self.fence,
-                         total_steps=self.cfg.train.steps)
+                         total_steps=self.cfg.train.steps, every_s=getattr(self, "last_every_s", None))
         except OSError as err:
             self.metrics.message(f"warning: could not update {self.cfg.run_dir}/status.json after saving step "
                                  f"{self.state.step}: {err}")
@@ -392,7 +400,8 @@ class Trainer:
             # checkpoint) before it stopped again
             self.metrics.message(f"nothing to train: resumed at step {state.step}, train.stop_at_step="
                                  f"{cfg.train.stop_at_step}; raise or unset train.stop_at_step to continue")
-            write_status(cfg.run_dir, self.rank, "stopped", state.step, fence=self.fence)
+            write_status(cfg.run_dir, self.rank, "stopped", state.step, fence=self.fence,
+                         total_steps=cfg.train.steps)
             if self.downstream is not None:
                 self.downstream.suspend()  # says what waits for the launch that continues the run
             return EXIT_OK
@@ -454,7 +463,8 @@ class Trainer:
                 said = "checkpoint saved" if saved is not None else f"the next launch resumes from {self._last_name()}"
                 self.metrics.message(f"preempted at step {state.step}: {said}; exiting with status "
                                      f"{EXIT_REQUEUE} (requeue and run again with --resume auto)")
-                write_status(cfg.run_dir, self.rank, "preempted", state.step, fence=self.fence)
+                write_status(cfg.run_dir, self.rank, "preempted", state.step, fence=self.fence,
+                         total_steps=cfg.train.steps)
                 return EXIT_REQUEUE
             if cfg.checkpoint.every_steps and state.step % cfg.checkpoint.every_steps == 0 and \
                     self.may_save("checkpoint"):
@@ -477,14 +487,22 @@ class Trainer:
                 self.metrics.message(f"stopped at step {state.step} (train.stop_at_step); continue with --resume auto")
                 if self.downstream is not None:
                     self.downstream.suspend()
-                write_status(cfg.run_dir, self.rank, "stopped", state.step, fence=self.fence)
+                write_status(cfg.run_dir, self.rank, "stopped", state.step, fence=self.fence,
+                         total_steps=cfg.train.steps)
                 return EXIT_OK
         if cfg.checkpoint.save_at_end and last_saved != state.step and \
                 self.may_save("final checkpoint", ends_launch=True):
             self.save()
         if self.downstream is not None:
             self.downstream.finish()
-        write_status(cfg.run_dir, self.rank, "completed", state.step, fence=self.fence)
+        try:
+            write_status(cfg.run_dir, self.rank, "completed", state.step, fence=self.fence,
+                         total_steps=cfg.train.steps)
+        except RunLockLostError as err:  # a takeover at the last step (no next step's all-reduce to stop every rank
+            # together): rank 0 says it and fails; the other ranks (which write no status) go on to the shutdown's
+            # barrier with it, instead of waiting there for a rank 0 gone with a traceback (second diff review)
+            self.metrics.message(f"error: {err}")
+            return EXIT_ERROR
         return EXIT_OK
 
     def _logged_grad_norm(self, result: StepResult) -> float | None:
@@ -523,6 +541,7 @@ class Trainer:
         # rank stops together with the takeover's message (raised here, rank 0 left alone and rank 1 died in its next
         # collective with "Connection reset by peer": tests/test_run_lock.py)
         try:
+            self.last_every_s = record["window_s"]
             write_status(self.cfg.run_dir, self.rank, "running", self.state.step, fence=self.fence,
                          total_steps=self.cfg.train.steps, every_s=record["window_s"])
         except RunLockLostError:

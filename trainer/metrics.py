@@ -41,6 +41,8 @@ import torch
 
 from trainer.log import print0
 
+NOT_CURVES = ("step", "split", "time")
+
 
 # Dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, TFLOP/s per GPU, by matmul dtype. Matched in order
 # against torch.cuda.get_device_name() (e.g. "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB"),
@@ -194,6 +196,8 @@ class MetricsLogger:
             if loss is not None:
                 self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
 
+    # in metrics.jsonl, not TensorBoard curves: unix time as a float32 scalar is ~128 s coarse, and rank numbers are
+    # labels (the console line leaves out the time too)
     def log(self, step: int, record: dict, split: str = "train") -> None:
         if not self.enabled:
             return
@@ -208,11 +212,11 @@ class MetricsLogger:
         if self.writer is not None:
             try:
                 for key, value in record.items():
-                    if key not in ("step", "split") and isinstance(value, (int, float)) and value is not None:
+                    if key not in NOT_CURVES and not key.endswith("_rank") and isinstance(value, (int, float)):
                         self.writer.add_scalar(f"{split}/{key}", value, step)
             except OSError as err:  # raised by TensorBoard's writer thread, without the file's name
                 raise _named(err, Path(self.writer.log_dir)) from err
-        shown = " ".join(f"{k}={_fmt(v)}" for k, v in record.items() if k not in ("step", "split"))
+        shown = " ".join(f"{k}={_fmt(v)}" for k, v in record.items() if k not in NOT_CURVES)
         self._print(f"{split} step {step}: {shown}")
 
     def message(self, text: str) -> None:
