@@ -113,3 +113,29 @@ def test_the_soft_open_file_limit_is_raised_to_the_hard_one():
     (before, after), now, hard = json.loads("[" + proc.stdout.strip().replace("] ", "], ") + "]")
     want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
     assert before == 256 and after == want and now == [want, hard]
+
+
+def test_a_corpus_rebuilt_in_place_under_a_reader_stops_it_at_the_next_map(tmp_path, monkeypatch):
+    """A reader that keeps one shard mapped remaps them as it goes (what a 2,000-shard corpus does under a 1,024 file
+    limit, and what every first read does); the corpus is rebuilt under the same prefix with other text: the next map
+    stops with CorpusChanged naming the corpus (before: the new shards were read through the old sample index, every
+    later sample differed, nothing said; mixtures review). A manifest rewritten with the shards unchanged (what
+    data_prep.annotate does when it records side-cars) is no change."""
+    from data_prep.manifest import manifest_path, read_manifest, write_manifest
+    from trainer.data.cache_file import CachePolicy
+    from trainer.data.corpus import CorpusChanged, IndexedCorpus
+
+    monkeypatch.setenv("BERTFAMILY_MAX_OPEN_SHARDS", "1")
+    prefix = write_shards([[[5 + d % 7, 6, 7], [8, 9]] for d in range(12)], tmp_path / "c", 100, docs_per_shard=4)
+    corpus = IndexedCorpus(prefix, CachePolicy(tmp_path / "cache"))
+    first = [corpus.read(s, s + 1).tolist() for s in range(corpus.num_sentences)]  # maps shards 0, 1, 2 in turn
+    before = manifest_path(prefix).stat().st_ino
+    write_manifest(prefix, read_manifest(prefix))  # a new file (atomic rename), the same shards
+    assert manifest_path(prefix).stat().st_ino != before
+    assert [corpus.read(s, s + 1).tolist() for s in range(corpus.num_sentences)] == first
+    write_shards([[[11 + d % 5, 12, 13], [14, 15]] for d in range(12)], tmp_path / "c", 100, docs_per_shard=4)
+    with pytest.raises(CorpusChanged, match=r"rebuilt or replaced in place while this run reads it .* shard c_0000"):
+        for s in range(corpus.num_sentences):
+            corpus.read(s, s + 1)
+    pickled = pickle.loads(pickle.dumps(IndexedCorpus(prefix, CachePolicy(tmp_path / "cache2"))))
+    assert pickled.read(0, 1).tolist() == [11, 12, 13]  # a reader opened after the rebuild reads it as it is

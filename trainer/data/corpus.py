@@ -96,6 +96,25 @@ def idx_arrays(shard_prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return lengths, pointers, docs
 
 
+class CorpusChanged(ValueError):
+    """The corpus's manifest changed under a running job in a way that touches a shard it is about to map."""
+
+
+def _file_id(path) -> tuple[int, int, int] | None:
+    """(inode, size, mtime_ns) of ``path``; None when it is gone."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _same_shard(shards: list[dict], spec: dict) -> bool:
+    """Whether the manifest entries ``shards`` still hold ``spec``'s shard with the same content."""
+    keys = ("prefix", "bin_sha256", "idx_sha256", "bin_bytes", "sentences", "documents")
+    return any(all(s.get(key) == spec.get(key) for key in keys) for s in shards)
+
+
 class ShardMismatch(ValueError):
     """A shard's files disagree with the manifest (sizes or counts): cut short, extended or rewritten."""
 
@@ -162,6 +181,7 @@ class IndexedCorpus:
 
     def __init__(self, prefix: str | os.PathLike, cache: CachePolicy | None = None):
         self.prefix = str(prefix)
+        self._manifest_id = _file_id(manifest_path(prefix))  # before the read: a change after it is seen (_unchanged)
         self.manifest = read_manifest(prefix)
         root = manifest_path(prefix).parent
         self.cache = cache or CachePolicy(root / "index_cache", builder=launcher_rank() == 0)
@@ -258,8 +278,36 @@ class IndexedCorpus:
         shard = self._shards[k]
         self._open.touch(k)
         if shard.lengths is None:
+            self._unchanged(k)
             shard.lengths, shard.pointers, _ = idx_arrays(shard.prefix)
         return shard.lengths, shard.pointers
+
+    def _unchanged(self, k: int) -> None:
+        """Refuse to map shard ``k`` from a corpus rebuilt in place since this process opened it. Shards are mapped
+        on first read and again after ``OpenShards`` evicts them, by every rank and loader worker; a rebuild under the
+        same prefix replaced the files under a running job, which then read the new shards through its old sample
+        index: every sample built after it differed, nothing said (measured by the mixtures review). One ``stat`` of
+        the manifest per map (~2 us; a map costs 30-50 us). A manifest rewritten with this shard's entry unchanged
+        (``data_prep.annotate`` recording side-cars) passes; gone (a rebuild's finalize removes it before it renames
+        the first new shard) or naming other content for the shard, it stops the run."""
+        path = manifest_path(self.prefix)
+        now = _file_id(path)
+        if now == self._manifest_id:
+            return
+        spec = self.manifest["shards"][k]
+        try:
+            same = now is not None and _same_shard(read_manifest(self.prefix)["shards"], spec)
+        except (OSError, ValueError):
+            same = False
+        if same:
+            self._manifest_id = now
+            return
+        raise CorpusChanged(
+            f"{self.prefix}: the corpus was rebuilt or replaced in place while this run reads it ({path} "
+            f"{'is gone' if now is None else 'changed'} since this process opened it, and shard {spec['prefix']} with "
+            "it): the run's sample index does not fit the new shards. Build a new version under another "
+            "--output-prefix and point the next launch at it (docs/cluster_operations.md, \"Preparing data\"); "
+            "this run resumes from its last checkpoint once the corpus it started on is back in place")
 
     def _close_shard(self, k: int) -> None:
         """Drop shard ``k``'s maps (``OpenShards`` evicted it); its next read maps it again."""
@@ -312,7 +360,7 @@ class IndexedCorpus:
             shard = self._shards[k]
             stop = min(end, int(self._shard_starts[k + 1]))
             lengths, pointers = self._idx(k)
-            tokens = shard.tokens if shard.tokens is not None else self._map(shard)
+            tokens = shard.tokens if shard.tokens is not None else self._map(k)
             a, b = start - shard.first_sentence, stop - 1 - shard.first_sentence
             size = shard.dtype.itemsize
             lo, hi = int(pointers[a]) // size, int(pointers[b]) // size + int(lengths[b])
@@ -325,8 +373,10 @@ class IndexedCorpus:
             return pieces[0].astype(np.int32)
         return np.concatenate(pieces).astype(np.int32) if pieces else np.zeros(0, np.int32)
 
-    def _map(self, shard: _Shard) -> np.ndarray:
-        """The shard's .bin as one token array (the layout was checked when the corpus cache was built)."""
+    def _map(self, k: int) -> np.ndarray:
+        """Shard ``k``'s .bin as one token array (the layout was checked when the corpus cache was built)."""
+        shard = self._shards[k]
+        self._unchanged(k)
         if os.path.getsize(shard.prefix + ".bin") == 0:
             shard.tokens = np.zeros(0, shard.dtype)  # numpy cannot map an empty file
         else:
