@@ -45,10 +45,9 @@ def test_two_ranks_annotate_their_shards_and_write_what_one_process_writes(tok, 
     assert per_rank and int(per_rank[1]) + int(per_rank[2]) == n and int(per_rank[2]) > 0, run.stdout
     assert output_files(two) == output_files(one)
 
-    # python -m data_prep.annotate on an existing corpus, all shards again
-    run = _mpirun("-m", "data_prep.annotate", str(two), "--annotate", "jieba", "--quiet")
-    assert f"annotated by 2 ranks: [{(n + 1) // 2}, {n // 2}]" in run.stdout
-    assert output_files(two) == output_files(one)
+    # (python -m data_prep.annotate under mpirun takes the same annotate_corpus path: its MPI start and the
+    # gathered error are the last launch's; a launch of it that annotated every shard again, byte-identical, was
+    # dropped to keep the suite under 12 minutes: ~15 s)
 
     # a rerun with --annotate keeps every complete side-car, on every rank
     kept = {p: p.stat().st_mtime_ns for p in Path(two).parent.glob("zh_*.spans.npy")}
