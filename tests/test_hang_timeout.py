@@ -2,7 +2,7 @@
 
 DeepSpeed reduces ZeRO gradients over its clone of the world group, a group it creates without a timeout, which torch
 gave its 30-minute gloo default: a stopped rank held the others for 30 minutes whatever the setting
-(trainer/engine.py ``_default_group_timeout``). Here rank 1 stops itself with SIGSTOP as it starts step 3, so rank 0
+(trainer/launch_env.py ``_default_group_timeout``). Here rank 1 stops itself with SIGSTOP as it starts step 3, so rank 0
 waits for it in step 3's gradient reduction (tests/liveness_worker.py); with a 15 s timeout rank 0 must fail with the
 timeout error long before the test's hang guard. Under NCCL the same default governs NCCL's watchdog; that path needs
 a GPU and is not run here.
